@@ -1,0 +1,911 @@
+// Package sqlclass decides, from the text of a SQL statement alone, whether
+// PostgreSQL can run it on a hot-standby replica.
+//
+// # Approach
+//
+// A lexer that follows the server's own scanner finds every string, comment,
+// quoted identifier and dollar quote, so that keywords inside them never
+// count and no crafted quoting can hide a statement. A classifier then reads
+// the tokens of each ';'-separated statement. It says "read" only for the
+// statement forms that are reads by construction (SELECT, VALUES, TABLE,
+// WITH, SHOW, EXPLAIN without ANALYZE, COPY ... TO STDOUT) and only when
+// nothing in them writes: no INSERT/UPDATE/DELETE/MERGE at any depth, no
+// locking clause, no SELECT INTO, and no call to a function that is not
+// known to be read-only. Function names it cannot vouch for are returned in
+// Result.Funcs for the caller to look up in pg_proc. Anything it does not
+// recognise is a write.
+//
+// # What text cannot show
+//
+// Operators, casts, type input functions, attribute-notation calls
+// (t.f meaning f(t)), views and row-level-security policies can all run
+// user functions without a call appearing in the statement. Like pgpool-II,
+// the classifier trusts that such functions are declared with the right
+// volatility. Unqualified built-in names are assumed to resolve to
+// pg_catalog, as they do unless search_path puts pg_catalog after a schema
+// defining a same-named function.
+package sqlclass
+
+import (
+	"strings"
+)
+
+// Result is what a statement needs from the router.
+type Result struct {
+	// Write: the statement modifies data, or is not provably read-only. It
+	// must run on the writer, and once committed it moves the
+	// read-your-writes watermark.
+	Write bool
+	// Pin: the statement changes session state that later statements
+	// depend on (SET, PREPARE, LISTEN, cursors, temporary tables, advisory
+	// locks, currval...). It runs on the writer and the connection stays on
+	// the writer from then on.
+	Pin bool
+	// Tx is the transaction-control effect of the first statement.
+	Tx TxOp
+	// Hint is a routing hint found in a comment.
+	Hint Hint
+	// Funcs lists the functions the statement calls that are neither known
+	// read-only built-ins nor known writers: lower-cased unless quoted,
+	// schema-qualified as written ("myschema.f", "f"), in order of first
+	// appearance. The statement is a read only if every one of them is
+	// read-only in pg_proc. Funcs is nil when there are none, and also when
+	// Write or Pin is set, because the statement then goes to the writer
+	// whatever they do.
+	Funcs []string
+	// Reason is a short human reason for the decision, such as "INSERT",
+	// "FOR UPDATE", "nextval()" or "SET".
+	Reason string
+}
+
+// ReadOnly reports whether r may run on a replica, assuming every name in
+// r.Funcs is read-only.
+func (r Result) ReadOnly() bool { return !r.Write && !r.Pin }
+
+// TxOp is the transaction-control effect of a statement.
+type TxOp uint8
+
+// Transaction-control effects.
+const (
+	// TxNone: not a transaction-control statement.
+	TxNone TxOp = iota
+	// TxBegin: BEGIN, START TRANSACTION.
+	TxBegin
+	// TxCommit: COMMIT, END, and PREPARE TRANSACTION (which ends the
+	// transaction block on the writer and is also reported as Write). With
+	// AND CHAIN a new transaction starts at once on the same connection, so
+	// the result is also Pin.
+	TxCommit
+	// TxRollback: ROLLBACK, ABORT. AND CHAIN sets Pin as for TxCommit.
+	TxRollback
+	// TxSavepoint: SAVEPOINT, RELEASE [SAVEPOINT], ROLLBACK TO [SAVEPOINT].
+	TxSavepoint
+)
+
+// String returns the name of the operation, e.g. "TxBegin".
+func (t TxOp) String() string {
+	switch t {
+	case TxNone:
+		return "TxNone"
+	case TxBegin:
+		return "TxBegin"
+	case TxCommit:
+		return "TxCommit"
+	case TxRollback:
+		return "TxRollback"
+	case TxSavepoint:
+		return "TxSavepoint"
+	}
+	return "TxOp(?)"
+}
+
+// Hint is a routing hint written in a comment.
+type Hint uint8
+
+// Hints. A comment containing "pgryw:primary" or "pgryw:replica" (any case;
+// also the sqlcommenter spelling pgryw='primary') sets the hint; when both
+// appear, HintPrimary wins.
+const (
+	HintNone Hint = iota
+	HintPrimary
+	HintReplica
+)
+
+// String returns the name of the hint, e.g. "HintPrimary".
+func (h Hint) String() string {
+	switch h {
+	case HintNone:
+		return "HintNone"
+	case HintPrimary:
+		return "HintPrimary"
+	case HintReplica:
+		return "HintReplica"
+	}
+	return "Hint(?)"
+}
+
+// Classify classifies a SQL string, which may hold several statements
+// separated by semicolons; the result is the strictest of theirs. It never
+// panics, never reads past the input, and returns Write for anything it does
+// not understand.
+func Classify(sql string) Result {
+	var buf [128]stok
+	var lv [16]level
+	c := classifier{src: sql, toks: buf[:0], levels: lv[:0]}
+	c.lex(false)
+	res := c.run()
+	if c.plainBackslash && c.bad == "" {
+		// With standard_conforming_strings off (a server, role or database
+		// setting the connection may inherit) a backslash escapes a quote in
+		// a plain string, which moves token boundaries. Classify both ways
+		// and keep the stricter answer. A text that does not even lex that
+		// way is rejected whole by such a server, so it cannot do harm
+		// there and that reading is dropped.
+		c2 := classifier{src: sql, toks: buf[:0], levels: lv[:0]}
+		c2.lex(true)
+		if c2.bad == "" {
+			res = stricter(res, c2.run())
+		}
+	}
+	return res
+}
+
+// stricter combines two readings of the same text.
+func stricter(a, b Result) Result {
+	if b.Write && !a.Write || b.Pin && !a.Pin || b.Tx != a.Tx {
+		a.Reason = b.Reason
+	}
+	if b.Tx != a.Tx {
+		// The readings disagree about transaction control: keep the writer
+		// connection whatever happens.
+		a.Write, a.Pin = true, true
+		a.Reason = "ambiguous backslash in string"
+	}
+	a.Write = a.Write || b.Write
+	a.Pin = a.Pin || b.Pin
+	if a.Hint != HintPrimary && b.Hint != HintNone {
+		a.Hint = b.Hint
+	}
+	if a.Write || a.Pin {
+		a.Funcs = nil
+		return a
+	}
+	for _, f := range b.Funcs {
+		if !contains(a.Funcs, f) {
+			a.Funcs = append(a.Funcs, f)
+		}
+	}
+	return a
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Token flags.
+const (
+	flagUnicode    = 1 << iota // U&'...' or U&"..."
+	flagUescape                // a UESCAPE clause was merged into the token
+	flagNonOperand             // a ')' that closes OPERATOR(...) or DISTINCT ON (...)
+)
+
+// stok is a significant token (comments dropped) with its keyword resolved.
+type stok struct {
+	start, end int
+	kind       TokKind
+	flags      uint8
+	kw         keyword
+}
+
+type keyword uint16
+
+type kwCategory uint8
+
+const (
+	catNone kwCategory = iota
+	catUnreserved
+	catColName
+	catTypeFunc
+	catReserved
+)
+
+func (k keyword) category() kwCategory {
+	if int(k) < len(keywordCat) {
+		return keywordCat[k]
+	}
+	return catNone
+}
+
+// upper returns the keyword in upper case, for reasons.
+func (k keyword) upper() string {
+	if int(k) < len(keywordUpper) {
+		return keywordUpper[k]
+	}
+	return ""
+}
+
+var keywordUpper = func() []string {
+	u := make([]string, len(keywordText))
+	for i, w := range keywordText {
+		u[i] = strings.ToUpper(w)
+	}
+	return u
+}()
+
+// lookupKeyword returns the keyword an unquoted identifier spells, folding
+// ASCII letters only, as the server's keyword lookup does.
+func lookupKeyword(s string) keyword {
+	if len(s) > maxKeywordLen {
+		return noKeyword
+	}
+	var b [maxKeywordLen]byte
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x80 {
+			return noKeyword
+		}
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b[i] = c
+	}
+	return keywordByName[string(b[:len(s)])]
+}
+
+// part is the classification of one statement.
+type part struct {
+	write, pin bool
+	tx         TxOp
+	reason     string
+}
+
+func (p *part) markWrite(r string) {
+	if !p.write {
+		p.write = true
+		p.reason = r
+	}
+}
+
+func (p *part) markPin(r string) {
+	if !p.pin {
+		p.pin = true
+		if !p.write {
+			p.reason = r
+		}
+	}
+}
+
+func writePart(r string) part { return part{write: true, reason: r} }
+
+type classifier struct {
+	src            string
+	toks           []stok
+	hint           Hint
+	bad            string // set when the text cannot be trusted at all
+	funcs          []string
+	plainBackslash bool
+	levels         []level
+}
+
+// lex tokenizes the whole input, noting hints and errors.
+func (c *classifier) lex(scsOff bool) {
+	l := lexer{src: c.src, scsOff: scsOff}
+	for {
+		t, ok := l.next()
+		if !ok {
+			break
+		}
+		st := stok{start: t.Start, end: t.End, kind: t.Kind}
+		switch t.Kind {
+		case TokLineComment, TokBlockComment:
+			c.noteHint(c.src[t.Start:t.End])
+			continue
+		case TokError:
+			if c.bad == "" {
+				c.bad = errorReason(c.src, t)
+			}
+		case TokIdent:
+			st.kw = lookupKeyword(c.src[t.Start:t.End])
+		case TokString, TokQuotedIdent:
+			if c.src[t.Start] == 'u' || c.src[t.Start] == 'U' {
+				st.flags = flagUnicode
+			}
+		}
+		c.toks = append(c.toks, st)
+	}
+	c.plainBackslash = l.plainBackslash
+	if l.unicode {
+		c.mergeUescape()
+	}
+}
+
+func errorReason(src string, t Token) string {
+	switch src[t.Start] {
+	case '\'':
+		return "unterminated string"
+	case '"':
+		return "unterminated quoted identifier"
+	case '/':
+		return "unterminated comment"
+	case '$':
+		if t.End-t.Start > 1 {
+			return "unterminated dollar quote"
+		}
+	}
+	if t.End-t.Start > 1 {
+		return "unterminated string"
+	}
+	return "invalid character"
+}
+
+// mergeUescape folds "UESCAPE 'c'" into the preceding U& token, as the
+// server's parser does; otherwise the string after UESCAPE would sit between
+// a function name and its '(' and hide the call.
+func (c *classifier) mergeUescape() {
+	ts := c.toks
+	w := 0
+	for r := 0; r < len(ts); r++ {
+		t := ts[r]
+		if t.flags&flagUnicode != 0 && r+2 < len(ts) && ts[r+1].kw == kwUescape && ts[r+2].kind == TokString {
+			t.end = ts[r+2].end
+			t.flags |= flagUescape
+			r += 2
+		}
+		ts[w] = t
+		w++
+	}
+	c.toks = ts[:w]
+}
+
+// noteHint records a pgryw routing hint found in a comment.
+func (c *classifier) noteHint(s string) {
+	for i := 0; i+5 <= len(s); i++ {
+		if s[i]|0x20 != 'p' || !asciiEqualFold(s[i:i+5], "pgryw") {
+			continue
+		}
+		j := i + 5
+		if j >= len(s) || s[j] != ':' && s[j] != '=' {
+			continue
+		}
+		j++
+		if j < len(s) && s[j] == '\'' {
+			j++
+		}
+		switch {
+		case j+7 <= len(s) && asciiEqualFold(s[j:j+7], "primary"):
+			c.hint = HintPrimary
+		case j+7 <= len(s) && asciiEqualFold(s[j:j+7], "replica"):
+			if c.hint == HintNone {
+				c.hint = HintReplica
+			}
+		}
+	}
+}
+
+// asciiEqualFold compares ignoring ASCII case only: the server folds only
+// ASCII letters, and Unicode folding would equate e.g. 'ſ' with 's'.
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x >= 'A' && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if y >= 'A' && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+// run classifies every statement and combines the results.
+func (c *classifier) run() Result {
+	res := Result{Hint: c.hint}
+	if c.bad != "" {
+		res.Write = true
+		res.Reason = c.bad
+		return res
+	}
+	ts := c.toks
+	n, anyTx := 0, false
+	for start := 0; start < len(ts); {
+		end := stmtEnd(ts, start)
+		if end > start {
+			p := c.stmt(ts[start:end], 0)
+			n++
+			if n == 1 {
+				res.Tx = p.tx
+				res.Reason = p.reason
+			}
+			if p.tx != TxNone {
+				anyTx = true
+			}
+			if p.write && !res.Write || p.pin && !res.Write && !res.Pin {
+				res.Reason = p.reason
+			}
+			res.Write = res.Write || p.write
+			res.Pin = res.Pin || p.pin
+		}
+		start = end + 1
+	}
+	if n == 0 {
+		res.Reason = "empty"
+		return res
+	}
+	if n > 1 && anyTx {
+		// The router tracks transactions one statement at a time; a string
+		// that opens or closes one among other statements leaves it unable
+		// to tell where the connection's transaction stands, so keep the
+		// connection on the writer for good.
+		res.Write, res.Pin = true, true
+		res.Reason = "transaction control in a multi-statement string"
+	}
+	if len(c.funcs) > 0 {
+		if res.Pin && !res.Write {
+			// The caller never looks at Funcs of a pinned statement, so an
+			// unknown function must count as a write here for the watermark.
+			res.Write = true
+		}
+		if !res.Write && !res.Pin {
+			res.Funcs = c.funcs
+		}
+	}
+	return res
+}
+
+// stmtEnd returns the index of the ';' that ends the statement starting at
+// start, or len(ts). Like psql, it does not split inside parentheses (CREATE
+// RULE ... DO (a; b)) or inside a BEGIN ATOMIC ... END function body.
+func stmtEnd(ts []stok, start int) int {
+	atomic := ts[start].kw == kwCreate
+	depth, parens := 0, 0
+	for i := start; i < len(ts); i++ {
+		t := ts[i]
+		switch {
+		case t.kind == TokLParen:
+			parens++
+		case t.kind == TokRParen:
+			parens--
+		case t.kind == TokSemicolon:
+			if depth <= 0 && parens <= 0 {
+				return i
+			}
+		case !atomic || t.kind != TokIdent:
+		case t.kw == kwBegin && i+1 < len(ts) && ts[i+1].kw == kwAtomic:
+			depth++
+		case t.kw == kwCase && depth > 0:
+			depth++
+		case t.kw == kwEnd && depth > 0:
+			depth--
+		}
+	}
+	return len(ts)
+}
+
+// keywordAt returns the keyword of ts[i], or noKeyword when ts[i] is out of range or
+// not an unquoted word.
+func keywordAt(ts []stok, i int) keyword {
+	if i < 0 || i >= len(ts) {
+		return noKeyword
+	}
+	return ts[i].kw
+}
+
+func kindAt(ts []stok, i int) TokKind {
+	if i < 0 || i >= len(ts) {
+		return TokError
+	}
+	return ts[i].kind
+}
+
+func isName(t stok) bool { return t.kind == TokIdent || t.kind == TokQuotedIdent }
+
+// maxNesting bounds EXPLAIN/DECLARE/COPY recursion on hostile input.
+const maxNesting = 8
+
+// stmt classifies one statement (no ';' inside).
+func (c *classifier) stmt(ts []stok, depth int) part {
+	if depth > maxNesting {
+		return writePart("nested too deeply")
+	}
+	t0 := ts[0]
+	if t0.kind == TokLParen {
+		return c.query(ts)
+	}
+	if t0.kind != TokIdent || t0.kw == noKeyword {
+		return writePart("unknown statement")
+	}
+	k1 := keywordAt(ts, 1)
+	switch t0.kw {
+	case kwSelect, kwValues, kwTable, kwWith:
+		return c.query(ts)
+	case kwShow:
+		return part{reason: "SHOW"}
+	case kwExplain:
+		return c.explain(ts, depth)
+	case kwCopy:
+		return c.copyStmt(ts, depth)
+	case kwBegin:
+		return part{tx: TxBegin, reason: "BEGIN"}
+	case kwStart:
+		if k1 == kwTransaction {
+			return part{tx: TxBegin, reason: "START TRANSACTION"}
+		}
+	case kwCommit, kwEnd:
+		if k1 == kwPrepared {
+			return writePart("COMMIT PREPARED")
+		}
+		if chained(ts) {
+			return part{tx: TxCommit, pin: true, reason: "COMMIT AND CHAIN"}
+		}
+		return part{tx: TxCommit, reason: "COMMIT"}
+	case kwRollback, kwAbort:
+		if t0.kw == kwRollback {
+			if k1 == kwPrepared {
+				return writePart("ROLLBACK PREPARED")
+			}
+			j := 1
+			if k1 == kwWork || k1 == kwTransaction {
+				j = 2
+			}
+			if keywordAt(ts, j) == kwTo {
+				return part{tx: TxSavepoint, reason: "ROLLBACK TO SAVEPOINT"}
+			}
+		}
+		if chained(ts) {
+			return part{tx: TxRollback, pin: true, reason: "ROLLBACK AND CHAIN"}
+		}
+		return part{tx: TxRollback, reason: "ROLLBACK"}
+	case kwSavepoint:
+		return part{tx: TxSavepoint, reason: "SAVEPOINT"}
+	case kwRelease:
+		return part{tx: TxSavepoint, reason: "RELEASE SAVEPOINT"}
+	case kwPrepare:
+		if k1 == kwTransaction && kindAt(ts, 2) == TokString {
+			// Two-phase commit: the transaction block ends here; its data
+			// becomes visible at COMMIT PREPARED, itself a Write.
+			return part{tx: TxCommit, write: true, reason: "PREPARE TRANSACTION"}
+		}
+		return part{pin: true, reason: "PREPARE"}
+	case kwExecute:
+		// Runs a statement prepared earlier on this session: we cannot see
+		// what it does, and it only exists on the writer.
+		return part{write: true, pin: true, reason: "EXECUTE"}
+	case kwDeclare:
+		return c.declare(ts, depth)
+	case kwFetch, kwMove, kwClose, kwListen, kwUnlisten, kwReset, kwDiscard, kwLoad, kwDeallocate:
+		return part{pin: true, reason: t0.kw.upper()}
+	case kwSet:
+		return setStmt(ts)
+	case kwCreate:
+		p := writePart("CREATE")
+		if c.createsTemp(ts) {
+			p.pin = true
+			p.reason = "CREATE TEMP"
+		}
+		return p
+	case kwWait:
+		// WAIT FOR LSN (PostgreSQL 19) must run where the caller sent it;
+		// never reroute it.
+		return writePart("WAIT FOR")
+	case kwInsert, kwUpdate, kwDelete, kwMerge, kwAlter, kwDrop, kwTruncate, kwComment,
+		kwGrant, kwRevoke, kwSecurity, kwReassign, kwImport, kwCall, kwDo, kwLock,
+		kwVacuum, kwAnalyze, kwAnalyse, kwCluster, kwReindex, kwRefresh, kwCheckpoint,
+		kwNotify:
+		return writePart(t0.kw.upper())
+	}
+	return writePart("unknown statement")
+}
+
+// chained reports AND CHAIN (not AND NO CHAIN) in COMMIT/ROLLBACK.
+func chained(ts []stok) bool {
+	for i := 1; i+1 < len(ts); i++ {
+		if ts[i].kw == kwAnd && ts[i+1].kw == kwChain {
+			return true
+		}
+	}
+	return false
+}
+
+// setStmt classifies SET. Transaction-scoped forms are Write (they must run
+// inside the writer's transaction) but do not pin the session.
+func setStmt(ts []stok) part {
+	switch keywordAt(ts, 1) {
+	case kwLocal:
+		return writePart("SET LOCAL")
+	case kwTransaction:
+		return writePart("SET TRANSACTION")
+	case kwConstraints:
+		return writePart("SET CONSTRAINTS")
+	case kwSession:
+		if keywordAt(ts, 2) == kwCharacteristics {
+			return part{pin: true, reason: "SET SESSION CHARACTERISTICS"}
+		}
+	}
+	return part{pin: true, reason: "SET"}
+}
+
+// createsTemp reports a CREATE of a session-local object: TEMP/TEMPORARY
+// after CREATE [OR REPLACE] [LOCAL|GLOBAL], or any name qualified with the
+// pg_temp schema.
+func (c *classifier) createsTemp(ts []stok) bool {
+	j := 1
+	if keywordAt(ts, j) == kwOr && keywordAt(ts, j+1) == kwReplace {
+		j += 2
+	}
+	if k := keywordAt(ts, j); k == kwLocal || k == kwGlobal {
+		j++
+	}
+	if k := keywordAt(ts, j); k == kwTemp || k == kwTemporary {
+		return true
+	}
+	for i := 1; i+1 < len(ts); i++ {
+		if ts[i+1].kind == TokDot && c.isTempSchema(ts[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// isTempSchema reports a name token spelling pg_temp or pg_temp_N.
+func (c *classifier) isTempSchema(t stok) bool {
+	var s string
+	switch t.kind {
+	case TokIdent:
+		s = c.src[t.start:t.end]
+		if len(s) < 7 || !asciiEqualFold(s[:7], "pg_temp") {
+			return false
+		}
+	case TokQuotedIdent:
+		if t.flags&flagUnicode != 0 {
+			// Decoding is not worth it here: assume the worst.
+			return true
+		}
+		s = c.src[t.start+1 : t.end-1]
+		if !strings.HasPrefix(s, "pg_temp") {
+			return false
+		}
+	default:
+		return false
+	}
+	rest := s[7:]
+	if rest == "" {
+		return true
+	}
+	if rest[0] != '_' || len(rest) == 1 {
+		return false
+	}
+	for i := 1; i < len(rest); i++ {
+		if !isDigit(rest[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// explain classifies EXPLAIN. Without ANALYZE nothing is executed — the
+// executor skips its read-only checks for EXPLAIN-only runs, so even
+// EXPLAIN INSERT works on a standby — and only the plan is read.
+func (c *classifier) explain(ts []stok, depth int) part {
+	i := 1
+	analyze := false
+	switch keywordAt(ts, 1) {
+	case kwAnalyze, kwAnalyse:
+		analyze = true
+		i = 2
+		if keywordAt(ts, 2) == kwVerbose {
+			i = 3
+		}
+	case kwVerbose:
+		i = 2
+	}
+	if i == 1 && kindAt(ts, 1) == TokLParen {
+		close := matchParen(ts, 1)
+		if close < 0 {
+			return writePart("EXPLAIN")
+		}
+		analyze = c.explainAnalyzeOption(ts[2:close])
+		i = close + 1
+	}
+	if i >= len(ts) {
+		return writePart("EXPLAIN")
+	}
+	inner := ts[i:]
+	if analyze {
+		p := c.stmt(inner, depth+1)
+		if p.tx != TxNone {
+			return writePart("EXPLAIN ANALYZE")
+		}
+		if p.write || p.pin {
+			p.reason = "EXPLAIN ANALYZE " + p.reason
+		} else {
+			p.reason = "EXPLAIN ANALYZE"
+		}
+		return p
+	}
+	switch {
+	case keywordAt(inner, 0) == kwExecute:
+		// The prepared statement only exists on the session that made it.
+		return part{pin: true, reason: "EXPLAIN EXECUTE"}
+	case inner[0].kind == TokLParen:
+	default:
+		switch inner[0].kw {
+		case kwSelect, kwWith, kwValues, kwTable, kwInsert, kwUpdate, kwDelete, kwMerge,
+			kwDeclare, kwCreate:
+		default:
+			return writePart("EXPLAIN")
+		}
+	}
+	return part{reason: "EXPLAIN"}
+}
+
+// explainAnalyzeOption reports whether an EXPLAIN option list turns ANALYZE
+// on. Any ANALYZE whose value is not literally false/off/0 counts, which is
+// stricter than the server (it would reject a bad value, or let a later
+// ANALYZE false win).
+func (c *classifier) explainAnalyzeOption(opts []stok) bool {
+	on := false
+	for i := 0; i < len(opts); {
+		// One option: name [value] up to the next top-level comma.
+		end := i
+		depth := 0
+		for end < len(opts) && !(depth == 0 && opts[end].kind == TokComma) {
+			switch opts[end].kind {
+			case TokLParen:
+				depth++
+			case TokRParen:
+				depth--
+			}
+			end++
+		}
+		if end > i && c.isOptionAnalyze(opts[i]) {
+			if end-i == 1 || !c.isFalseValue(opts[i+1:end]) {
+				on = true
+			}
+		}
+		i = end + 1
+	}
+	return on
+}
+
+func (c *classifier) isOptionAnalyze(t stok) bool {
+	switch t.kind {
+	case TokIdent:
+		return t.kw == kwAnalyze || t.kw == kwAnalyse
+	case TokQuotedIdent:
+		s := c.src[t.start:t.end]
+		return s == `"analyze"` || s == `"analyse"`
+	}
+	return false
+}
+
+func (c *classifier) isFalseValue(v []stok) bool {
+	if len(v) != 1 {
+		return false
+	}
+	t := v[0]
+	s := c.src[t.start:t.end]
+	switch t.kind {
+	case TokNumber:
+		return s == "0"
+	case TokIdent:
+		return asciiEqualFold(s, "false") || asciiEqualFold(s, "off")
+	case TokString, TokQuotedIdent:
+		if t.flags&flagUnicode != 0 || s[0] != '\'' && s[0] != '"' {
+			return false
+		}
+		body := s[1 : len(s)-1]
+		return asciiEqualFold(body, "false") || asciiEqualFold(body, "off")
+	}
+	return false
+}
+
+// declare classifies DECLARE ... CURSOR ... FOR query: it pins (the cursor
+// lives in the session) and also writes if its query does.
+func (c *classifier) declare(ts []stok, depth int) part {
+	cursor := -1
+	for i := 1; i < len(ts); i++ {
+		if cursor < 0 && ts[i].kw == kwCursor {
+			cursor = i
+		} else if cursor >= 0 && ts[i].kw == kwFor {
+			if i+1 >= len(ts) {
+				break
+			}
+			p := c.stmt(ts[i+1:], depth+1)
+			if p.tx != TxNone {
+				return part{write: true, pin: true, reason: "DECLARE"}
+			}
+			if p.write {
+				p.reason = "DECLARE " + p.reason
+			} else {
+				p.reason = "DECLARE"
+			}
+			p.pin = true
+			return p
+		}
+	}
+	return part{write: true, pin: true, reason: "DECLARE"}
+}
+
+// copyStmt classifies COPY. Only COPY ... TO STDOUT is a read; TO a file or
+// PROGRAM writes on the server it runs on.
+func (c *classifier) copyStmt(ts []stok, depth int) part {
+	j := 1
+	if keywordAt(ts, j) == kwBinary {
+		j++
+	}
+	var inner []stok
+	switch {
+	case kindAt(ts, j) == TokLParen:
+		close := matchParen(ts, j)
+		if close < 0 {
+			return writePart("COPY")
+		}
+		inner = ts[j+1 : close]
+		j = close + 1
+	case j < len(ts) && isName(ts[j]):
+		j++
+		for kindAt(ts, j) == TokDot && j+1 < len(ts) && isName(ts[j+1]) {
+			j += 2
+		}
+		if kindAt(ts, j) == TokLParen {
+			close := matchParen(ts, j)
+			if close < 0 {
+				return writePart("COPY")
+			}
+			j = close + 1
+		}
+	default:
+		return writePart("COPY")
+	}
+	switch keywordAt(ts, j) {
+	case kwFrom:
+		return writePart("COPY FROM")
+	case kwTo:
+		if keywordAt(ts, j+1) != kwStdout {
+			return writePart("COPY TO file")
+		}
+	default:
+		return writePart("COPY")
+	}
+	if inner != nil {
+		if len(inner) == 0 {
+			return writePart("COPY")
+		}
+		p := c.stmt(inner, depth+1)
+		if p.tx != TxNone {
+			return writePart("COPY")
+		}
+		if p.write || p.pin {
+			return p
+		}
+	}
+	return part{reason: "COPY TO STDOUT"}
+}
+
+// matchParen returns the index of the ')' matching the '(' at ts[open], or -1.
+func matchParen(ts []stok, open int) int {
+	depth := 0
+	for i := open; i < len(ts); i++ {
+		switch ts[i].kind {
+		case TokLParen:
+			depth++
+		case TokRParen:
+			depth--
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return -1
+}
