@@ -1,0 +1,339 @@
+// Package wire lets pgryw put its own statements on a pgx connection's wire
+// in the same network flush as the application's, and take their answers off
+// again before pgx sees them.
+//
+// Conn sits between pgconn and the socket (pgconn.Config.AfterNetConnect, so
+// above TLS). An Injection is one simple-protocol Query message. Prefix sends
+// it in front of pgx's next write (a replica's catch-up check ahead of a
+// read); AppendAfterExec sends it behind pgx's next write that executes a
+// statement (the writer's WAL position after the statement's Sync, so after
+// its implicit commit). Either way it costs no extra round trip. On the read
+// side Conn follows the server's message framing and removes the injected
+// query's synchronous responses (RowDescription, DataRow, CommandComplete,
+// ErrorResponse, ReadyForQuery), keeping asynchronous ones (ParameterStatus,
+// NoticeResponse, NotificationResponse) for pgx; every ReadyForQuery the
+// server sends belongs to exactly one Query or Sync, which is what lets Conn
+// tell whose answer is whose.
+package wire
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Injection is one of pgryw's statements and, once Done, its answer.
+type Injection struct {
+	SQL string
+
+	sent bool
+	done bool
+	row  []string // first DataRow, text format; nil entries are NULL
+	null []bool
+	err  *pgconn.PgError
+}
+
+// Sent reports whether the statement went out on the wire.
+func (in *Injection) Sent() bool { return in.sent }
+
+// Done reports whether its whole answer has arrived.
+func (in *Injection) Done() bool { return in.done }
+
+// Row returns the first row's values as text and which were NULL.
+func (in *Injection) Row() ([]string, []bool) { return in.row, in.null }
+
+// Err returns the server's error for the statement, if any.
+func (in *Injection) Err() error {
+	if in.err != nil {
+		return in.err
+	}
+	return nil
+}
+
+// Reset readies in for reuse with a new SQL text.
+func (in *Injection) Reset(sql string) {
+	*in = Injection{SQL: sql, row: in.row[:0], null: in.null[:0]}
+}
+
+// segment is the server's answer to one Query or Sync, ending with its
+// ReadyForQuery; strip marks pgryw's own.
+type segment struct {
+	strip bool
+	inj   *Injection
+}
+
+// Conn wraps one server connection; see the package documentation.
+type Conn struct {
+	net.Conn
+
+	mu      sync.Mutex
+	prefix  *Injection
+	suffix  *Injection
+	queue   []segment // answers still to come, in order; empty: pass all
+	pending []byte    // pass-through bytes read by Await, for pgx's next Read
+	wbuf    []byte
+
+	// Read-side framing state.
+	hdr      [5]byte
+	hdrN     int
+	left     int
+	curStrip bool
+	body     []byte
+	abuf     []byte
+}
+
+// Wrap wraps c.
+func Wrap(c net.Conn) *Conn { return &Conn{Conn: c} }
+
+// Prefix arms in to be sent ahead of pgx's next write.
+func (c *Conn) Prefix(in *Injection) {
+	c.mu.Lock()
+	c.prefix = in
+	c.mu.Unlock()
+}
+
+// AppendAfterExec arms in to be sent behind pgx's next write that contains
+// an Execute or a Query message.
+func (c *Conn) AppendAfterExec(in *Injection) {
+	c.mu.Lock()
+	c.suffix = in
+	c.mu.Unlock()
+}
+
+// Disarm drops injections that were armed but not sent (pgx failed before
+// writing, or wrote nothing that executes).
+func (c *Conn) Disarm() {
+	c.mu.Lock()
+	c.prefix, c.suffix = nil, nil
+	c.mu.Unlock()
+}
+
+// ErrFraming reports bytes from pgx that do not parse as protocol messages;
+// Conn then injects nothing.
+var ErrFraming = errors.New("wire: unexpected frontend message framing")
+
+// Write implements net.Conn.
+func (c *Conn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	if c.prefix == nil && c.suffix == nil && len(c.queue) == 0 {
+		c.mu.Unlock()
+		return c.Conn.Write(b)
+	}
+	syncs, exec, ok := scanFrontend(b)
+	if !ok {
+		c.prefix, c.suffix = nil, nil
+		c.mu.Unlock()
+		return c.Conn.Write(b)
+	}
+	buf := c.wbuf[:0]
+	if c.prefix != nil {
+		buf = appendQuery(buf, c.prefix.SQL)
+		c.prefix.sent = true
+		c.queue = append(c.queue, segment{strip: true, inj: c.prefix})
+		c.prefix = nil
+	}
+	buf = append(buf, b...)
+	for i := 0; i < syncs; i++ {
+		c.queue = append(c.queue, segment{})
+	}
+	if c.suffix != nil && exec {
+		buf = appendQuery(buf, c.suffix.SQL)
+		c.suffix.sent = true
+		c.queue = append(c.queue, segment{strip: true, inj: c.suffix})
+		c.suffix = nil
+	}
+	c.trimQueue()
+	c.wbuf = buf
+	c.mu.Unlock()
+	if _, err := c.Conn.Write(buf); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// trimQueue drops trailing pass segments: with nothing of ours after them,
+// passing everything is the same.
+func (c *Conn) trimQueue() {
+	n := len(c.queue)
+	for n > 0 && !c.queue[n-1].strip {
+		n--
+	}
+	c.queue = c.queue[:n]
+}
+
+// scanFrontend walks pgx's messages: how many end in a ReadyForQuery (Sync,
+// Query, FunctionCall) and whether any executes a statement.
+func scanFrontend(b []byte) (syncs int, exec bool, ok bool) {
+	for i := 0; i < len(b); {
+		if len(b)-i < 5 {
+			return 0, false, false
+		}
+		t := b[i]
+		n := int(binary.BigEndian.Uint32(b[i+1 : i+5]))
+		if n < 4 || len(b)-i-1 < n {
+			return 0, false, false
+		}
+		switch t {
+		case 'S', 'F':
+			syncs++
+		case 'Q':
+			syncs++
+			exec = true
+		case 'E':
+			exec = true
+		}
+		i += 1 + n
+	}
+	return syncs, exec, true
+}
+
+func appendQuery(buf []byte, sql string) []byte {
+	buf = append(buf, 'Q')
+	buf = binary.BigEndian.AppendUint32(buf, uint32(4+len(sql)+1))
+	buf = append(buf, sql...)
+	return append(buf, 0)
+}
+
+// Read implements net.Conn, removing pgryw's answers from what pgx reads.
+func (c *Conn) Read(p []byte) (int, error) {
+	c.mu.Lock()
+	if len(c.pending) > 0 {
+		n := copy(p, c.pending)
+		c.pending = c.pending[n:]
+		c.mu.Unlock()
+		return n, nil
+	}
+	c.mu.Unlock()
+	for {
+		n, err := c.Conn.Read(p)
+		c.mu.Lock()
+		m := c.filter(p[:n])
+		c.mu.Unlock()
+		if m > 0 || err != nil {
+			return m, err
+		}
+	}
+}
+
+func isAsync(t byte) bool { return t == 'S' || t == 'N' || t == 'A' }
+
+// filter compacts p in place to the bytes pgx should see and returns their
+// count. It keeps the framing state across calls, so messages may be split
+// anywhere.
+func (c *Conn) filter(p []byte) int {
+	w := 0
+	for i := 0; i < len(p); {
+		if c.hdrN < 5 {
+			b := p[i]
+			if c.hdrN == 0 {
+				c.curStrip = len(c.queue) > 0 && c.queue[0].strip && !isAsync(b)
+			}
+			c.hdr[c.hdrN] = b
+			c.hdrN++
+			i++
+			if !c.curStrip {
+				p[w] = b
+				w++
+			}
+			if c.hdrN == 5 {
+				c.left = int(binary.BigEndian.Uint32(c.hdr[1:5])) - 4
+				c.body = c.body[:0]
+				if c.left <= 0 {
+					c.left = 0
+					c.endMessage()
+				}
+			}
+			continue
+		}
+		k := min(c.left, len(p)-i)
+		if c.curStrip {
+			c.body = append(c.body, p[i:i+k]...)
+		} else {
+			copy(p[w:], p[i:i+k])
+			w += k
+		}
+		i += k
+		c.left -= k
+		if c.left == 0 {
+			c.endMessage()
+		}
+	}
+	return w
+}
+
+func (c *Conn) endMessage() {
+	t := c.hdr[0]
+	c.hdrN = 0
+	if c.curStrip {
+		in := c.queue[0].inj
+		switch t {
+		case 'D':
+			if in.row == nil || len(in.row) == 0 {
+				var dr pgproto3.DataRow
+				if dr.Decode(c.body) == nil {
+					for _, v := range dr.Values {
+						in.row = append(in.row, string(v))
+						in.null = append(in.null, v == nil)
+					}
+				}
+			}
+		case 'E':
+			var er pgproto3.ErrorResponse
+			if er.Decode(c.body) == nil {
+				in.err = pgconn.ErrorResponseToPgError(&er)
+			}
+		}
+	}
+	if t == 'Z' && len(c.queue) > 0 {
+		if s := c.queue[0]; s.strip {
+			s.inj.done = true
+		}
+		c.queue = c.queue[1:]
+	}
+}
+
+// Await reads from the socket until in's answer is complete, keeping any
+// bytes meant for pgx for its next Read. Call it only while pgx is not
+// reading (between statements). After an error the connection is out of
+// step and must be closed.
+func (c *Conn) Await(ctx context.Context, in *Injection) error {
+	c.mu.Lock()
+	done := in.done || !in.sent
+	c.mu.Unlock()
+	if done {
+		return nil
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(30 * time.Second)
+	}
+	c.Conn.SetReadDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { c.Conn.SetReadDeadline(time.Unix(1, 0)) })
+	defer func() {
+		stop()
+		c.Conn.SetReadDeadline(time.Time{})
+	}()
+	if c.abuf == nil {
+		c.abuf = make([]byte, 4096)
+	}
+	for {
+		n, err := c.Conn.Read(c.abuf)
+		c.mu.Lock()
+		m := c.filter(c.abuf[:n])
+		c.pending = append(c.pending, c.abuf[:m]...)
+		done := in.done
+		c.mu.Unlock()
+		if done {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,169 @@
+package wire
+
+import (
+	"bytes"
+	"io"
+	"math/rand"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+func enc(t *testing.T, msgs ...pgproto3.BackendMessage) []byte {
+	t.Helper()
+	var b []byte
+	for _, m := range msgs {
+		var err error
+		b, err = m.Encode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+func encF(t *testing.T, msgs ...pgproto3.FrontendMessage) []byte {
+	t.Helper()
+	var b []byte
+	for _, m := range msgs {
+		var err error
+		b, err = m.Encode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+// chunked is a net.Conn whose reads return its data in random small pieces
+// and whose writes are recorded.
+type chunked struct {
+	net.Conn
+	data    []byte
+	rng     *rand.Rand
+	written bytes.Buffer
+}
+
+func (c *chunked) Read(p []byte) (int, error) {
+	if len(c.data) == 0 {
+		return 0, io.EOF
+	}
+	n := 1 + c.rng.Intn(min(len(c.data), 7))
+	n = copy(p, c.data[:n])
+	c.data = c.data[n:]
+	return n, nil
+}
+
+func (c *chunked) Write(p []byte) (int, error) { return c.written.Write(p) }
+
+func (c *chunked) SetReadDeadline(time.Time) error { return nil }
+
+func TestAppendAfterExecStripsAnswer(t *testing.T) {
+	pgxAnswer := enc(t,
+		&pgproto3.BindComplete{},
+		&pgproto3.CommandComplete{CommandTag: []byte("INSERT 0 1")},
+		&pgproto3.ParameterStatus{Name: "in_hot_standby", Value: "off"},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	ours := enc(t,
+		&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("lsn")}}},
+		&pgproto3.NoticeResponse{Message: "hi"},
+		&pgproto3.DataRow{Values: [][]byte{[]byte("0/3000100")}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	next := enc(t, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	notice := enc(t, &pgproto3.NoticeResponse{Message: "hi"})
+	for seed := int64(0); seed < 200; seed++ {
+		under := &chunked{data: append(append(append([]byte{}, pgxAnswer...), ours...), next...), rng: rand.New(rand.NewSource(seed))}
+		c := Wrap(under)
+		in := &Injection{SQL: "SELECT pg_current_wal_insert_lsn()"}
+		c.AppendAfterExec(in)
+		write := encF(t, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{})
+		if n, err := c.Write(write); err != nil || n != len(write) {
+			t.Fatalf("write n=%d err=%v", n, err)
+		}
+		if !bytes.HasSuffix(under.written.Bytes(), []byte("SELECT pg_current_wal_insert_lsn()\x00")) || !in.Sent() {
+			t.Fatalf("injection not appended: %q", under.written.Bytes())
+		}
+		got, _ := io.ReadAll(c)
+		want := append(append(append([]byte{}, pgxAnswer...), notice...), next...)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("seed %d: pgx saw\n%q\nwant\n%q", seed, got, want)
+		}
+		row, _ := in.Row()
+		if !in.Done() || len(row) != 1 || row[0] != "0/3000100" {
+			t.Fatalf("seed %d: injection %+v", seed, in)
+		}
+	}
+}
+
+func TestPrefixStripsErrorAndKeepsPgxAnswer(t *testing.T) {
+	ours := enc(t,
+		&pgproto3.ErrorResponse{Severity: "ERROR", Code: "42601", Message: "syntax error"},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	pgxAnswer := enc(t,
+		&pgproto3.ParseComplete{},
+		&pgproto3.BindComplete{},
+		&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("v")}}},
+		&pgproto3.DataRow{Values: [][]byte{[]byte("1"), nil}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	for seed := int64(0); seed < 200; seed++ {
+		under := &chunked{data: append(append([]byte{}, ours...), pgxAnswer...), rng: rand.New(rand.NewSource(seed))}
+		c := Wrap(under)
+		in := &Injection{SQL: "WAIT FOR LSN '0/1'"}
+		c.Prefix(in)
+		c.Write(encF(t, &pgproto3.Parse{}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}))
+		if !bytes.HasPrefix(under.written.Bytes(), []byte("Q")) {
+			t.Fatal("injection not prefixed")
+		}
+		got, _ := io.ReadAll(c)
+		if !bytes.Equal(got, pgxAnswer) {
+			t.Fatalf("seed %d: pgx saw %q", seed, got)
+		}
+		if !in.Done() || in.Err() == nil {
+			t.Fatalf("seed %d: injection %+v", seed, in)
+		}
+	}
+}
+
+func TestAwaitKeepsBytesForPgx(t *testing.T) {
+	pgxAnswer := enc(t, &pgproto3.CommandComplete{CommandTag: []byte("INSERT 0 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	ours := enc(t, &pgproto3.DataRow{Values: [][]byte{[]byte("0/1")}}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	async := enc(t, &pgproto3.NotificationResponse{Channel: "c", Payload: "p"})
+	under := &chunked{data: append(append(append([]byte{}, pgxAnswer...), ours...), async...), rng: rand.New(rand.NewSource(1))}
+	// A pipe-less stand-in: Await reads through Conn.Conn directly.
+	c := Wrap(under)
+	in := &Injection{SQL: "x"}
+	c.AppendAfterExec(in)
+	c.Write(encF(t, &pgproto3.Query{String: "INSERT"}))
+	// pgx reads exactly its answer.
+	buf := make([]byte, len(pgxAnswer))
+	if _, err := io.ReadFull(c, buf); err != nil || !bytes.Equal(buf, pgxAnswer) {
+		t.Fatalf("pgx read %q %v", buf, err)
+	}
+	if err := c.Await(t.Context(), in); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(c)
+	if !bytes.Equal(rest, async) {
+		t.Fatalf("pgx lost bytes: %q", rest)
+	}
+}
+
+func TestNothingArmedIsTransparent(t *testing.T) {
+	data := enc(t, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	under := &chunked{data: append([]byte{}, data...), rng: rand.New(rand.NewSource(1))}
+	c := Wrap(under)
+	w := encF(t, &pgproto3.Query{String: "SELECT 1"})
+	c.Write(w)
+	got, _ := io.ReadAll(c)
+	if !bytes.Equal(got, data) || !bytes.Equal(under.written.Bytes(), w) {
+		t.Fatal("changed bytes with nothing armed")
+	}
+}
