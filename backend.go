@@ -1,0 +1,155 @@
+package pgryw
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgryw/pgryw/internal/wire"
+)
+
+// backend is one open server connection of a Conn: a pgx stdlib connection,
+// or in unit tests any database/sql driver connection (go-sqlmock) standing
+// in for one.
+type backend struct {
+	conn driver.Conn
+	pg   *pgconn.PgConn // nil for test doubles
+	wire *wire.Conn     // nil when pgryw's statements cannot ride along
+	inj  wire.Injection // reused for every ride-along statement
+	node *node
+
+	major int // server major version; 0 when unknown
+
+	// txOpen tracks an explicit BEGIN for test doubles, which cannot report
+	// the server's transaction status.
+	txOpen bool
+}
+
+func newBackend(dc driver.Conn, n *node) *backend {
+	b := &backend{conn: dc, node: n}
+	if sc, ok := dc.(*stdlib.Conn); ok {
+		b.pg = sc.Conn().PgConn()
+		b.major = majorVersion(b.pg.ParameterStatus("server_version"))
+		b.wire, _ = b.pg.Conn().(*wire.Conn)
+		// Servers ≥ 14 report in_hot_standby; a replica entry that points at
+		// a primary is caught here for free.
+		if n.index >= 0 && b.pg.ParameterStatus("in_hot_standby") == "off" {
+			n.notStandby.Store(true)
+		}
+	}
+	return b
+}
+
+// majorVersion reads "15.18 (Debian …)" or "19devel" as 15 or 19.
+func majorVersion(v string) int {
+	i := 0
+	for i < len(v) && v[i] >= '0' && v[i] <= '9' {
+		i++
+	}
+	n, _ := strconv.Atoi(v[:i])
+	return n
+}
+
+func (b *backend) closed() bool {
+	return b.pg != nil && b.pg.IsClosed()
+}
+
+// idle reports whether no transaction is open on the server connection.
+func (b *backend) idle() bool {
+	if b.pg != nil {
+		return b.pg.TxStatus() == 'I'
+	}
+	return !b.txOpen
+}
+
+// stillStandby reports what the server last said about recovery. Servers
+// ≥ 14 update in_hot_standby with the first answer after a promotion.
+func (b *backend) stillStandby() bool {
+	return b.pg == nil || b.pg.ParameterStatus("in_hot_standby") != "off"
+}
+
+func (b *backend) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if e, ok := b.conn.(driver.ExecerContext); ok {
+		return e.ExecContext(ctx, query, args)
+	}
+	return nil, driver.ErrSkip
+}
+
+func (b *backend) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if q, ok := b.conn.(driver.QueryerContext); ok {
+		return q.QueryContext(ctx, query, args)
+	}
+	return nil, driver.ErrSkip
+}
+
+// control runs one of pgryw's own statements and returns its first row as
+// text. With pgx it goes as a simple-protocol query: our statements embed an
+// LSN, and every distinct text would otherwise take a slot in pgx's prepared
+// statement cache (and a Parse round trip).
+func (b *backend) control(ctx context.Context, query string) ([]string, error) {
+	if b.pg != nil {
+		res, err := b.pg.Exec(ctx, query).ReadAll()
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range res {
+			if r.Err != nil {
+				return nil, r.Err
+			}
+		}
+		if len(res) == 0 || len(res[len(res)-1].Rows) == 0 {
+			return nil, fmt.Errorf("pgryw: %s returned no row", firstWords(query))
+		}
+		row := res[len(res)-1].Rows[0]
+		out := make([]string, len(row))
+		for i, v := range row {
+			out[i] = string(v)
+			if v == nil {
+				out[i] = "\x00null"
+			}
+		}
+		return out, nil
+	}
+	rows, err := b.query(ctx, query, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	vals := make([]driver.Value, len(rows.Columns()))
+	if err := rows.Next(vals); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("pgryw: %s returned no row", firstWords(query))
+		}
+		return nil, err
+	}
+	out := make([]string, len(vals))
+	for i, v := range vals {
+		switch x := v.(type) {
+		case nil:
+			out[i] = "\x00null"
+		case []byte:
+			out[i] = string(x)
+		case bool:
+			out[i] = map[bool]string{true: "t", false: "f"}[x]
+		default:
+			out[i] = fmt.Sprint(x)
+		}
+	}
+	return out, nil
+}
+
+func firstWords(q string) string {
+	f := strings.Fields(q)
+	if len(f) > 2 {
+		f = f[:2]
+	}
+	return strings.Join(f, " ")
+}
+
+func (b *backend) close() error { return b.conn.Close() }

@@ -1,0 +1,621 @@
+package pgryw
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgryw/pgryw/internal/lsn"
+	"github.com/pgryw/pgryw/internal/sqlclass"
+	"github.com/pgryw/pgryw/internal/wire"
+)
+
+// ErrReplicaHint is returned for a statement carrying a /* pgryw:replica */
+// hint that the classifier says writes or changes the session: obeying the
+// hint would fail on the replica or change the wrong session.
+var ErrReplicaHint = errors.New("pgryw: /* pgryw:replica */ hint on a statement that must run on the writer")
+
+// Conn is one database/sql connection: a writer connection opened at once,
+// and a connection to each replica opened when a read first needs it.
+// Statements are routed one by one; see the package documentation.
+type Conn struct {
+	c        *Connector
+	writer   *backend
+	replicas []*backend // by replica index; nil until used
+
+	sess session // this connection's own watermark
+
+	// pinned: a statement changed session state (SET, PREPARE, LISTEN, a
+	// temporary table, an advisory lock...) on the writer connection; every
+	// later statement runs there so it keeps seeing that state.
+	pinned bool
+
+	tx *tx // the open database/sql transaction, if any
+}
+
+// Writer returns the writer's *pgx.Conn, for use through sql.Conn.Raw. Do not
+// start or end transactions on it behind pgryw's back.
+func (cn *Conn) Writer() *pgx.Conn {
+	if sc, ok := cn.writer.conn.(interface{ Conn() *pgx.Conn }); ok {
+		return sc.Conn()
+	}
+	return nil
+}
+
+// Close implements driver.Conn.
+func (cn *Conn) Close() error {
+	err := cn.writer.close()
+	for i, b := range cn.replicas {
+		if b != nil {
+			b.close()
+			cn.replicas[i] = nil
+		}
+	}
+	return err
+}
+
+// Prepare implements driver.Conn.
+func (cn *Conn) Prepare(query string) (driver.Stmt, error) {
+	return cn.PrepareContext(context.Background(), query)
+}
+
+// PrepareContext implements driver.ConnPrepareContext. Nothing is sent to a
+// server: which node runs the statement is decided at each execution, and pgx
+// caches the server-side prepared statement on whichever node that is.
+func (cn *Conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	return &Stmt{cn: cn, query: query}, nil
+}
+
+// Begin implements driver.Conn.
+func (cn *Conn) Begin() (driver.Tx, error) {
+	return cn.BeginTx(context.Background(), driver.TxOptions{})
+}
+
+// CheckNamedValue implements driver.NamedValueChecker: every argument goes to
+// pgx untouched (pgx encodes arrays, Scanner/Valuer types and more itself).
+func (cn *Conn) CheckNamedValue(*driver.NamedValue) error { return nil }
+
+// Ping implements driver.Pinger against the writer.
+func (cn *Conn) Ping(ctx context.Context) error {
+	if p, ok := cn.writer.conn.(driver.Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}
+
+// ResetSession implements driver.SessionResetter. It checks the writer
+// connection (replica connections are checked when a read uses them) and
+// drops replica connections that have failed.
+func (cn *Conn) ResetSession(ctx context.Context) error {
+	for i, b := range cn.replicas {
+		if b != nil && b.closed() {
+			b.close()
+			cn.replicas[i] = nil
+		}
+	}
+	if r, ok := cn.writer.conn.(driver.SessionResetter); ok {
+		return r.ResetSession(ctx)
+	}
+	return nil
+}
+
+// IsValid implements driver.Validator.
+func (cn *Conn) IsValid() bool {
+	if v, ok := cn.writer.conn.(driver.Validator); ok {
+		return v.IsValid()
+	}
+	return !cn.writer.closed()
+}
+
+// ExecContext implements driver.ExecerContext.
+func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if cn.tx != nil {
+		return cn.tx.exec(ctx, query, args)
+	}
+	if cn.c.plain {
+		return cn.writer.exec(ctx, query, args)
+	}
+	cls := cn.c.classes.get(query)
+	toReplica, err := cn.routeReplica(ctx, &cls)
+	if err != nil {
+		return nil, err
+	}
+	if toReplica {
+		var res driver.Result
+		onWriter, err := cn.onReplica(ctx, query, &cls, func(b *backend) (func(), error) {
+			var err error
+			res, err = b.exec(ctx, query, args)
+			return nil, err
+		})
+		if !onWriter {
+			return res, err
+		}
+	}
+	inj := cn.armCapture(&cls)
+	res, err := cn.writer.exec(ctx, query, args)
+	cn.afterWriter(ctx, &cls, err, inj)
+	return res, err
+}
+
+// QueryContext implements driver.QueryerContext.
+func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if cn.tx != nil {
+		return cn.tx.query(ctx, query, args)
+	}
+	if cn.c.plain {
+		return cn.writer.query(ctx, query, args)
+	}
+	cls := cn.c.classes.get(query)
+	toReplica, err := cn.routeReplica(ctx, &cls)
+	if err != nil {
+		return nil, err
+	}
+	if toReplica {
+		var rows driver.Rows
+		onWriter, err := cn.onReplica(ctx, query, &cls, func(b *backend) (func(), error) {
+			var err error
+			rows, err = b.query(ctx, query, args)
+			if err != nil {
+				return nil, err
+			}
+			return func() { rows.Close() }, nil
+		})
+		if !onWriter {
+			return rows, err
+		}
+	}
+	inj := cn.armCapture(&cls)
+	rows, err := cn.writer.query(ctx, query, args)
+	if err != nil || inj == nil && !(cn.c.cfg.ReadYourWrites && cn.c.mayCommitWrite(&cls)) {
+		cn.afterWriter(ctx, &cls, err, inj)
+		return rows, err
+	}
+	// An autocommit write that returns rows (INSERT … RETURNING) has
+	// committed only when its result is complete: finish after Close.
+	return &afterRows{Rows: rows, done: func(err error) { cn.afterWriter(ctx, &cls, err, inj) }}, nil
+}
+
+// routeReplica decides, outside any transaction, whether a statement goes to
+// a replica.
+func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, error) {
+	read := cn.c.readOnly(cls)
+	if cls.Hint == sqlclass.HintReplica && !read {
+		return false, fmt.Errorf("%w (%s)", ErrReplicaHint, cls.Reason)
+	}
+	if !read || cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx) || !cn.writer.idle() {
+		return false, nil
+	}
+	// A replica hint overrides pinning: the caller says the statement does
+	// not depend on this connection's session state.
+	return !cn.pinned || cls.Hint == sqlclass.HintReplica, nil
+}
+
+// armCapture arranges for the writer's WAL position to be read in the same
+// flush as a statement that may commit a write: pgconn's Sync ends the
+// statement's implicit transaction, and the position query that follows it
+// on the wire runs after the commit. It returns nil when no capture is due or
+// it cannot ride along (then afterWriter captures with a round trip of its own).
+func (cn *Conn) armCapture(cls *sqlclass.Result) *wire.Injection {
+	w := cn.writer
+	if w.wire == nil || !cn.c.cfg.ReadYourWrites || !cn.c.mayCommitWrite(cls) {
+		return nil
+	}
+	// Inside a transaction block only COMMIT ends it; anything else would
+	// capture a position from before the commit.
+	if !w.idle() && cls.Tx != sqlclass.TxCommit {
+		return nil
+	}
+	w.inj.Reset(sqlCapture)
+	w.wire.AppendAfterExec(&w.inj)
+	return &w.inj
+}
+
+// afterWriter updates the connection after a statement ran on the writer:
+// pins it when the statement changed session state, and advances the
+// watermark when the statement may have committed a write. inj is the
+// ride-along capture from armCapture, if any.
+func (cn *Conn) afterWriter(ctx context.Context, cls *sqlclass.Result, err error, inj *wire.Injection) {
+	w := cn.writer
+	if w.pg == nil {
+		switch cls.Tx {
+		case sqlclass.TxBegin:
+			w.txOpen = err == nil || w.txOpen
+		case sqlclass.TxCommit, sqlclass.TxRollback:
+			w.txOpen = false
+		}
+	}
+	if inj != nil {
+		w.wire.Disarm()
+		if !cn.awaitInjection(ctx, w, inj) {
+			inj = nil
+		}
+	}
+	if err != nil {
+		// Failed writes commit nothing; a failed statement in a transaction
+		// block leaves it aborted, to be rolled back.
+		return
+	}
+	if cls.Pin {
+		cn.pinned = true
+	}
+	if !cn.c.cfg.ReadYourWrites || !cn.c.mayCommitWrite(cls) || !w.idle() {
+		return
+	}
+	if inj != nil && inj.Sent() && inj.Err() == nil {
+		if row, null := inj.Row(); len(row) == 2 && !null[0] {
+			if l, perr := parseCapture(row); perr == nil {
+				cn.c.stats.captures.Add(1)
+				cn.advance(l)
+				return
+			}
+		}
+	}
+	cn.captureCommit(ctx)
+}
+
+// awaitInjection reads the rest of a ride-along statement's answer. The
+// statement has run whatever the caller's context says now, so a cancelled
+// context gets a short one of ours. If the answer cannot be read the
+// connection is out of step with the server and is closed; database/sql then
+// discards it. It reports whether the answer is usable.
+func (cn *Conn) awaitInjection(ctx context.Context, b *backend, inj *wire.Injection) bool {
+	if !inj.Sent() {
+		return false
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := b.wire.Await(actx, inj); err != nil {
+		b.close()
+		return false
+	}
+	return true
+}
+
+// captureCommit reads the writer's position after a commit with a round trip
+// of its own and advances the watermarks. The commit has happened whatever
+// the caller's context says now, so a cancelled context gets a short one of
+// our own. If the position cannot be read at all, the session is marked so
+// the next replica read captures one first (any later position covers this
+// commit).
+func (cn *Conn) captureCommit(ctx context.Context) {
+	l, err := capture(ctx, cn.writer)
+	if err != nil && ctx.Err() != nil && !cn.writer.closed() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		l, err = capture(cctx, cn.writer)
+		cancel()
+	}
+	if err != nil {
+		cn.c.stats.captureFailures.Add(1)
+		cn.sess.lost.Store(true)
+		if cn.c.cfg.SessionScope == ScopeDB {
+			cn.c.db.lost.Store(true)
+		}
+		return
+	}
+	cn.c.stats.captures.Add(1)
+	cn.advance(l)
+}
+
+// advance raises the watermarks this connection answers to, and records the
+// writer's position for lag estimates.
+func (cn *Conn) advance(l lsn.LSN) {
+	cn.c.topo.hist.add(l, time.Now().UnixNano())
+	cn.raise(l)
+}
+
+// raise lifts the watermarks to l without recording it as a writer position
+// (monotonic reads: a replica read raises them to what it saw).
+func (cn *Conn) raise(l lsn.LSN) {
+	cn.sess.wm.Advance(l)
+	if cn.c.cfg.SessionScope == ScopeDB {
+		cn.c.db.wm.Advance(l)
+	}
+}
+
+// watermark returns the position a replica read must see: this connection's
+// and, with session_scope=db, the pool's. If a commit's position was lost it
+// captures a fresh one first.
+func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
+	if !cn.c.cfg.ReadYourWrites {
+		return 0, nil
+	}
+	db := cn.c.cfg.SessionScope == ScopeDB
+	if cn.sess.lost.Load() || db && cn.c.db.lost.Load() {
+		cn.sess.lost.Store(false)
+		if db {
+			cn.c.db.lost.Store(false)
+		}
+		l, err := capture(ctx, cn.writer)
+		if err != nil {
+			cn.sess.lost.Store(true)
+			if db {
+				cn.c.db.lost.Store(true)
+			}
+			return 0, err
+		}
+		cn.c.stats.captures.Add(1)
+		cn.advance(l)
+	}
+	wm := cn.sess.wm.Load()
+	if db {
+		wm = max(wm, cn.c.db.wm.Load())
+	}
+	return wm, nil
+}
+
+// replica returns this connection's backend for replica n, connecting on
+// first use.
+func (cn *Conn) replica(ctx context.Context, n *node) (*backend, error) {
+	if b := cn.replicas[n.index]; b != nil {
+		if !b.closed() {
+			return b, nil
+		}
+		b.close()
+		cn.replicas[n.index] = nil
+	}
+	dc, err := cn.c.dial(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	b := newBackend(dc, n)
+	cn.replicas[n.index] = b
+	return b, nil
+}
+
+func (cn *Conn) dropReplica(b *backend) {
+	if cn.replicas[b.node.index] == b {
+		cn.replicas[b.node.index] = nil
+	}
+	b.close()
+}
+
+// errUseWriter tells callers that a read belongs on the writer after all; it
+// never reaches the application.
+var errUseWriter = errors.New("pgryw: use the writer")
+
+// nextReplica picks and connects a replica for a read that needs wm. check
+// reports that the replica is not known to have replayed wm: the caller must
+// check (or wait) on it before using its answer. It returns errUseWriter when
+// no replica will do.
+func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64) (b *backend, check bool, err error) {
+	for {
+		n := cn.c.topo.pick(wm, *tried, cn.c.cfg.WaitTimeout)
+		if n == nil {
+			return nil, false, errUseWriter
+		}
+		*tried |= 1 << uint(n.index%64)
+		b, err := cn.replica(ctx, n)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, false, ctx.Err()
+			}
+			n.markDown()
+			continue
+		}
+		if n.notStandby.Load() {
+			continue
+		}
+		return b, wm > 0 && n.knownReplay() < wm, nil
+	}
+}
+
+// readyReplica returns a replica that has replayed the session's watermark,
+// waiting for it with round trips of its own. A read-only transaction uses
+// it before BEGIN: at REPEATABLE READ the snapshot is taken by the first
+// statement, and it must not be older than the watermark. It returns
+// errUseWriter, or the error for on_timeout=error.
+func (cn *Conn) readyReplica(ctx context.Context, tried *uint64) (*backend, error) {
+	wm, err := cn.watermark(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, errUseWriter
+	}
+	for {
+		b, check, err := cn.nextReplica(ctx, wm, tried)
+		if err != nil || !check {
+			return b, err
+		}
+		res, err := cn.c.waitReplica(ctx, b, wm)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if cerr := cn.c.configError(b, err); cerr != nil {
+				return nil, cerr
+			}
+			if b.closed() {
+				cn.dropReplica(b)
+			}
+			b.node.markDown()
+			continue
+		}
+		switch res {
+		case waitOK:
+			return b, nil
+		case waitNotStandby:
+			continue
+		}
+		if perr := cn.behind(b, wm); perr != nil {
+			return nil, perr
+		}
+		return b, nil
+	}
+}
+
+// behind decides what a read does when replica b did not replay wm in time:
+// errUseWriter (on_timeout=primary), a *ReplicaBehindError
+// (on_timeout=error), or nil to serve the replica's rows anyway
+// (on_timeout=stale).
+func (cn *Conn) behind(b *backend, wm lsn.LSN) error {
+	switch cn.c.cfg.OnTimeout {
+	case OnTimeoutError:
+		cn.c.stats.behindErrors.Add(1)
+		replayed := "unknown"
+		if r := b.node.knownReplay(); r > 0 {
+			replayed = r.String()
+		}
+		return &ReplicaBehindError{Replica: b.node.addr, Watermark: wm.String(), Replayed: replayed, Waited: cn.c.cfg.WaitTimeout}
+	case OnTimeoutStale:
+		cn.c.stats.staleReads.Add(1)
+		return nil
+	}
+	return errUseWriter
+}
+
+// onReplica runs a read on a replica that has replayed the session's
+// watermark. When a replica is not known to have, its check (a replay
+// position poll, or WAIT FOR on PostgreSQL 19) rides in the same flush as
+// the read, and the read's answer is used only if the check passed; a failed
+// check means discarding the answer (whatever it was, even an error: a table
+// created a moment ago may not exist there yet), waiting, and reading again.
+// run performs the read on a backend and returns how to discard its answer.
+//
+// onReplica reports onWriter when the statement must run on the writer
+// instead: no replica is ready in time (on_timeout=primary), or a replica
+// refused it as a write (SQLSTATE 25006, which means nothing ran; cls is
+// updated). A replica whose connection fails is dropped and the next one
+// tried: a read is safe to send again.
+func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, run func(*backend) (func(), error)) (onWriter bool, err error) {
+	wm, err := cn.watermark(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		return cn.toWriter(), nil
+	}
+	var tried uint64
+	for {
+		b, check, err := cn.nextReplica(ctx, wm, &tried)
+		if errors.Is(err, errUseWriter) {
+			return cn.toWriter(), nil
+		}
+		if err != nil {
+			return false, err
+		}
+		var (
+			discard func()
+			ran     bool
+			readErr error
+			chkErr  error
+			res     = waitOK
+		)
+		read := func() {
+			discard, readErr = run(b)
+			ran = true
+		}
+		drop := func() {
+			if discard != nil {
+				discard()
+			}
+			discard, readErr, ran = nil, nil, false
+		}
+		switch {
+		case check && b.wire != nil:
+			inj := cn.c.armCheck(b, wm)
+			read()
+			b.wire.Disarm()
+			res, chkErr = cn.c.checked(b, inj, wm)
+		case check:
+			if res, chkErr = cn.c.waitReplica(ctx, b, wm); chkErr == nil && res == waitOK {
+				read()
+			}
+		default:
+			read()
+		}
+		if chkErr == nil && res == waitBehind {
+			// Polling (before PostgreSQL 19): the replica was behind when
+			// checked but may catch up within the budget. Wait, then read again.
+			drop()
+			if res, chkErr = cn.c.waitReplica(ctx, b, wm); chkErr == nil && res == waitOK {
+				read()
+			}
+		}
+		if chkErr != nil {
+			drop()
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			if cerr := cn.c.configError(b, chkErr); cerr != nil {
+				return false, cerr
+			}
+			if b.closed() {
+				cn.dropReplica(b)
+			}
+			b.node.markDown()
+			continue
+		}
+		switch res {
+		case waitNotStandby:
+			drop()
+			continue
+		case waitTimeout, waitBehind:
+			if perr := cn.behind(b, wm); perr != nil {
+				drop()
+				if perr == errUseWriter {
+					return cn.toWriter(), nil
+				}
+				return false, perr
+			}
+			if !ran {
+				read() // on_timeout=stale
+			}
+		}
+		if readErr == nil {
+			if !b.stillStandby() {
+				// Promoted after this read was answered: the answer stands
+				// (it has everything the node replayed), the node does not.
+				b.node.notStandby.Store(true)
+			}
+			cn.c.stats.replicaReads.Add(1)
+			if res == waitOK {
+				// Monotonic reads: a later read must not see an older
+				// snapshot on another replica.
+				cn.raise(b.node.knownReplay())
+			}
+			return false, nil
+		}
+		if ctx.Err() != nil {
+			return false, readErr
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(readErr, &pgErr) {
+			if pgErr.Code == "25006" {
+				cn.c.classes.learnWrite(query)
+				*cls = cn.c.classes.get(query)
+				return true, nil
+			}
+			return false, readErr
+		}
+		if b.closed() || errors.Is(readErr, driver.ErrBadConn) || pgconn.SafeToRetry(readErr) {
+			cn.dropReplica(b)
+			b.node.markDown()
+			continue
+		}
+		return false, readErr
+	}
+}
+
+// toWriter counts a read sent to the writer instead of a replica.
+func (cn *Conn) toWriter() bool {
+	cn.c.stats.writerReads.Add(1)
+	cn.c.stats.fallbacks.Add(1)
+	return true
+}
+
+var (
+	_ driver.Conn               = (*Conn)(nil)
+	_ driver.ConnBeginTx        = (*Conn)(nil)
+	_ driver.ConnPrepareContext = (*Conn)(nil)
+	_ driver.ExecerContext      = (*Conn)(nil)
+	_ driver.QueryerContext     = (*Conn)(nil)
+	_ driver.NamedValueChecker  = (*Conn)(nil)
+	_ driver.Pinger             = (*Conn)(nil)
+	_ driver.SessionResetter    = (*Conn)(nil)
+	_ driver.Validator          = (*Conn)(nil)
+)

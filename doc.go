@@ -1,0 +1,40 @@
+// Package pgryw is a database/sql driver for PostgreSQL that sends reads to
+// streaming replicas and still lets every session read its own writes.
+//
+// # Usage
+//
+//	import _ "github.com/pgryw/pgryw"
+//
+//	db, err := sql.Open("pgryw", "postgres://app@primary/app?replicas=replica1,replica2:5433")
+//
+// The DSN is a pgx connection string for the writer plus pgryw's keys
+// (replicas, read_your_writes, wait_timeout, on_timeout, wait_method,
+// session_scope, read_functions, write_functions), which are removed before
+// pgx sees the rest. ParseDSN and NewConnector build the same from code.
+//
+// # Routing
+//
+// Each statement is classified by its SQL text (cached): provably read-only
+// statements go to a replica, everything else to the writer. Statements that
+// change session state (SET, PREPARE, LISTEN, temporary tables, advisory
+// locks, cursors) run on the writer and pin the connection there for the rest
+// of its life, so later statements keep seeing that state. Read-write
+// transactions run wholly on the writer; a read-only transaction
+// (sql.TxOptions{ReadOnly: true}) runs wholly on a replica. A comment
+// /* pgryw:primary */ or the context from WithPrimary forces the writer.
+//
+// # Read your writes
+//
+// After a write commits, pgryw reads the writer's WAL insert position and
+// raises the session's watermark to it. Before a replica read, the replica
+// must have replayed past the watermark: pgryw waits with WAIT FOR LSN on
+// PostgreSQL 19 and later, and polls pg_last_wal_replay_lsn() on older
+// servers, for at most wait_timeout; then on_timeout decides (read the writer,
+// return ErrReplicaBehind, or serve stale rows). What pgryw learns about each
+// replica's position is shared by all connections of a pool, and a replica
+// known to be caught up is read without waiting.
+//
+// With session_scope=db (the default) the pool shares one watermark, so
+// db.Exec followed by db.Query is covered even on different connections; with
+// session_scope=conn each connection has its own.
+package pgryw

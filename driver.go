@@ -1,0 +1,233 @@
+package pgryw
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
+	"net"
+	"slices"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgryw/pgryw/internal/wire"
+)
+
+// DriverName is the name pgryw registers with database/sql.
+const DriverName = "pgryw"
+
+func init() {
+	// Another copy of this package (a vendored fork, say) may have taken the
+	// name; sql.Register would panic, and a blank import must never do that.
+	if !slices.Contains(sql.Drivers(), DriverName) {
+		sql.Register(DriverName, &Driver{})
+	}
+}
+
+// Driver is the database/sql driver registered as "pgryw".
+type Driver struct{}
+
+// Open implements driver.Driver. database/sql calls it only when the driver
+// lacks OpenConnector, which pgryw has; it is here for direct callers.
+func (d *Driver) Open(dsn string) (driver.Conn, error) {
+	c, err := d.OpenConnector(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return c.Connect(context.Background())
+}
+
+// OpenConnector implements driver.DriverContext: sql.Open parses the DSN once.
+func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
+	cfg, err := ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return NewConnector(cfg)
+}
+
+// Connector holds everything one pool shares: the parsed configuration, what
+// is known about each node, the pool-wide watermark and the statement cache.
+// Use it with sql.OpenDB.
+type Connector struct {
+	cfg   *Config
+	plain bool // no replicas: every statement goes to the writer untouched
+
+	writer   driver.Connector
+	replicas []driver.Connector
+	topo     topology
+
+	db      session
+	classes classCache
+
+	readFuncs, writeFuncs map[string]bool
+
+	stats counters
+
+	// dial opens a backend connection; replaced by unit tests to put
+	// go-sqlmock connections in place of servers.
+	dial func(ctx context.Context, n *node) (driver.Conn, error)
+	// netHook, when set by tests, wraps each server connection under
+	// pgryw's wire layer (to count round trips).
+	netHook func(*pgconn.Config, net.Conn) net.Conn
+}
+
+// NewConnector validates cfg and returns a connector for sql.OpenDB. cfg is
+// copied; later changes to it have no effect.
+func NewConnector(cfg *Config) (driver.Connector, error) {
+	return newConnector(cfg)
+}
+
+func newConnector(cfg *Config) (*Connector, error) {
+	if cfg == nil {
+		return nil, fmt.Errorf("pgryw: nil Config")
+	}
+	cfg = cfg.Clone()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	wc, err := cfg.writerConfig()
+	if err != nil {
+		return nil, err
+	}
+	c := &Connector{
+		cfg:        cfg,
+		plain:      len(cfg.Replicas) == 0,
+		readFuncs:  toSet(cfg.ReadFunctions),
+		writeFuncs: toSet(cfg.WriteFunctions),
+	}
+	c.topo.writer = &node{index: -1, addr: fmt.Sprintf("%s:%d", wc.Host, wc.Port), host: wc.Host, port: wc.Port}
+	for i, r := range cfg.Replicas {
+		host, port, err := splitHostPort(r, wc.Port)
+		if err != nil {
+			return nil, badValue("replicas", r, err.Error())
+		}
+		rc := replicaConfig(wc, host, port)
+		c.wireUp(rc)
+		c.replicas = append(c.replicas, stdlib.GetConnector(*rc))
+		c.topo.replicas = append(c.topo.replicas, &node{index: i, addr: fmt.Sprintf("%s:%d", host, port), host: host, port: port})
+	}
+	if !c.plain {
+		c.wireUp(wc)
+	}
+	c.writer = stdlib.GetConnector(*wc)
+	c.dial = c.dialServer
+	return c, nil
+}
+
+// wireUp puts a wire.Conn between pgconn and each new server connection
+// (after TLS), through which pgryw's own statements ride along with the
+// application's. A connector without replicas has no use for it.
+func (c *Connector) wireUp(cc *pgx.ConnConfig) {
+	prev := cc.AfterNetConnect
+	cc.AfterNetConnect = func(ctx context.Context, pc *pgconn.Config, nc net.Conn) (net.Conn, error) {
+		if prev != nil {
+			var err error
+			if nc, err = prev(ctx, pc, nc); err != nil {
+				return nil, err
+			}
+		}
+		if c.netHook != nil {
+			nc = c.netHook(pc, nc)
+		}
+		return wire.Wrap(nc), nil
+	}
+}
+
+func toSet(list []string) map[string]bool {
+	m := make(map[string]bool, len(list))
+	for _, s := range list {
+		m[s] = true
+	}
+	return m
+}
+
+// replicaConfig derives a replica's connection settings from the writer's:
+// same credentials, database, TLS and runtime parameters, another address,
+// and no fallback hosts (a replica entry is one node; the wait and the read
+// must land on the same one).
+func replicaConfig(wc *pgx.ConnConfig, host string, port uint16) *pgx.ConnConfig {
+	rc := wc.Copy()
+	rc.Host, rc.Port = host, port
+	if rc.TLSConfig != nil && rc.TLSConfig.ServerName != "" {
+		rc.TLSConfig.ServerName = host
+	}
+	// Keep the writer's sslmode=prefer/allow behaviour: its fallbacks for its
+	// own first address differ only in TLS.
+	var fbs = rc.Fallbacks[:0:0]
+	for _, fb := range wc.Fallbacks {
+		if fb.Host != wc.Host || fb.Port != wc.Port {
+			continue
+		}
+		nf := *fb
+		nf.Host, nf.Port = host, port
+		if nf.TLSConfig != nil {
+			nf.TLSConfig = nf.TLSConfig.Clone()
+			if nf.TLSConfig.ServerName != "" {
+				nf.TLSConfig.ServerName = host
+			}
+		}
+		fbs = append(fbs, &nf)
+	}
+	rc.Fallbacks = fbs
+	return rc
+}
+
+func (c *Connector) dialServer(ctx context.Context, n *node) (driver.Conn, error) {
+	if n.index < 0 {
+		return c.writer.Connect(ctx)
+	}
+	return c.replicas[n.index].Connect(ctx)
+}
+
+// Connect implements driver.Connector. It opens the writer connection now;
+// replica connections are opened by the first read that needs each.
+func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
+	wc, err := c.dial(ctx, c.topo.writer)
+	if err != nil {
+		return nil, err
+	}
+	return &Conn{c: c, writer: newBackend(wc, c.topo.writer), replicas: make([]*backend, len(c.topo.replicas))}, nil
+}
+
+// Driver implements driver.Connector.
+func (c *Connector) Driver() driver.Driver { return &Driver{} }
+
+// Config returns a copy of the connector's configuration.
+func (c *Connector) Config() *Config { return c.cfg.Clone() }
+
+// Stats counts what the connector's connections did since it was created.
+type Stats struct {
+	ReplicaReads   int64 // reads served by a replica
+	WriterReads    int64 // reads served by the writer (no replica usable, pinned, hinted, or fallback)
+	Fallbacks      int64 // reads sent to the writer because a replica was behind, unreachable or promoted
+	StaleReads     int64 // reads served by a replica behind the watermark (on_timeout=stale)
+	BehindErrors   int64 // reads that returned ErrReplicaBehind (on_timeout=error)
+	Waits          int64 // waits started on a replica (WAIT FOR or polling)
+	WaitTimeouts   int64 // waits whose budget ran out
+	Captures       int64 // writer positions read after a commit
+	CaptureFailure int64 // commits whose position could not be read (the next read re-captures)
+}
+
+type counters struct {
+	replicaReads, writerReads, fallbacks, staleReads, behindErrors atomic.Int64
+	waits, waitTimeouts, captures, captureFailures                 atomic.Int64
+}
+
+// Stats returns the connector's counters.
+func (c *Connector) Stats() Stats {
+	s := &c.stats
+	return Stats{
+		ReplicaReads: s.replicaReads.Load(), WriterReads: s.writerReads.Load(), Fallbacks: s.fallbacks.Load(),
+		StaleReads: s.staleReads.Load(), BehindErrors: s.behindErrors.Load(), Waits: s.waits.Load(),
+		WaitTimeouts: s.waitTimeouts.Load(), Captures: s.captures.Load(), CaptureFailure: s.captureFailures.Load(),
+	}
+}
+
+var (
+	_ driver.Driver        = (*Driver)(nil)
+	_ driver.DriverContext = (*Driver)(nil)
+	_ driver.Connector     = (*Connector)(nil)
+)

@@ -1,0 +1,177 @@
+package pgryw
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// dsnCases drives the parse, round-trip, invalid-input and fuzz tests.
+var dsnCases = []struct {
+	dsn     string
+	want    *Config // nil: expect an error
+	errHas  []string
+	writer  string
+	noMatch []string // must not appear in the error (passwords)
+}{
+	{dsn: "postgres://u:secret@h:5432/db", writer: "postgres://u:secret@h:5432/db", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
+	{dsn: "postgres://u@h/db?sslmode=disable&replicas=r1:5433,r2&wait_timeout=2s&on_timeout=error&application_name=x",
+		writer: "postgres://u@h/db?sslmode=disable&application_name=x",
+		want:   &Config{Replicas: []string{"r1:5433", "r2"}, ReadYourWrites: true, WaitTimeout: 2 * time.Second, OnTimeout: OnTimeoutError}},
+	{dsn: "postgresql://h/db?replicas=%5B%3A%3A1%5D%3A5433&read_your_writes=off&wait_method=poll&session_scope=conn",
+		writer: "postgresql://h/db",
+		want:   &Config{Replicas: []string{"[::1]:5433"}, ReadYourWrites: false, WaitTimeout: 500 * time.Millisecond, WaitMethod: WaitPoll, SessionScope: ScopeConn}},
+	{dsn: "host=h user=u password='se cret' dbname=db replicas=10.0.0.2:5433 wait_timeout=250 on_timeout=stale wait_method=wait_for",
+		writer: "host=h user=u password='se cret' dbname=db",
+		want:   &Config{Replicas: []string{"10.0.0.2:5433"}, ReadYourWrites: true, WaitTimeout: 250 * time.Millisecond, OnTimeout: OnTimeoutStale, WaitMethod: WaitFor}},
+	{dsn: "replicas = 'a, b:6000'  host=h", writer: "host=h",
+		want: &Config{Replicas: []string{"a", "b:6000"}, ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
+	{dsn: "host=h read_functions=f,public.g write_functions=Audit", writer: "host=h",
+		want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, ReadFunctions: []string{"f", "public.g"}, WriteFunctions: []string{"audit"}}},
+	{dsn: "", writer: "", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
+
+	{dsn: "host=h on_timeout=later", errHas: []string{"on_timeout", "later", "primary, error, stale"}},
+	{dsn: "host=h read_your_writes=maybe", errHas: []string{"read_your_writes", "on, off"}},
+	{dsn: "host=h wait_method=sleep", errHas: []string{"wait_method", "auto, wait_for, poll"}},
+	{dsn: "host=h session_scope=request", errHas: []string{"session_scope", "db, conn"}},
+	{dsn: "host=h wait_timeout=soon", errHas: []string{"wait_timeout", "Go duration"}},
+	{dsn: "host=h wait_timeout=0", errHas: []string{"wait_timeout"}},
+	{dsn: "host=h wait_timeout=-5ms", errHas: []string{"wait_timeout"}},
+	{dsn: "host=h wait_timeout=2h", errHas: []string{"wait_timeout"}},
+	{dsn: "host=h replicas=a,,b", errHas: []string{"replicas", "empty entry"}},
+	{dsn: "host=h replicas=a:99999", errHas: []string{"replicas", "port"}},
+	{dsn: "host=h replicas=a:b:c", errHas: []string{"replicas", "IPv6"}},
+	{dsn: "host=h replicas=a:x", errHas: []string{"replicas", "port"}},
+	{dsn: "host=h replicas", errHas: []string{"replicas", "no value"}},
+	{dsn: "host=h replicas='a", errHas: []string{"replicas", "unterminated"}},
+	{dsn: "host=h wait_timeout=1s wait_timeout=2s", errHas: []string{"wait_timeout", "twice"}},
+	{dsn: "host=h read_functions=f;drop", errHas: []string{"read_functions"}},
+	{dsn: "postgres://u:hunter2@h/db?on_timeout=nope", errHas: []string{"on_timeout"}, noMatch: []string{"hunter2"}},
+	{dsn: "user=u password=hunter2 port=notaport", errHas: []string{"writer connection string"}, noMatch: []string{"hunter2"}},
+	{dsn: "postgres://u:hunter2@h:badport/db", errHas: []string{"writer connection string"}, noMatch: []string{"hunter2"}},
+}
+
+func TestParseDSN(t *testing.T) {
+	for _, c := range dsnCases {
+		got, err := ParseDSN(c.dsn)
+		if c.want == nil {
+			if err == nil {
+				t.Errorf("ParseDSN(%q): no error, want one", c.dsn)
+				continue
+			}
+			for _, s := range c.errHas {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("ParseDSN(%q) error %q does not mention %q", c.dsn, err, s)
+				}
+			}
+			for _, s := range c.noMatch {
+				if strings.Contains(err.Error(), s) {
+					t.Errorf("ParseDSN(%q) error %q leaks %q", c.dsn, err, s)
+				}
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("ParseDSN(%q): %v", c.dsn, err)
+			continue
+		}
+		want := c.want.Clone()
+		want.Writer = c.writer
+		if !configEqual(got, want) {
+			t.Errorf("ParseDSN(%q)\n got %#v\nwant %#v", c.dsn, got, want)
+		}
+	}
+}
+
+func configEqual(a, b *Config) bool {
+	norm := func(c *Config) Config {
+		x := *c.Clone()
+		if len(x.Replicas) == 0 {
+			x.Replicas = nil
+		}
+		if len(x.ReadFunctions) == 0 {
+			x.ReadFunctions = nil
+		}
+		if len(x.WriteFunctions) == 0 {
+			x.WriteFunctions = nil
+		}
+		return x
+	}
+	return reflect.DeepEqual(norm(a), norm(b))
+}
+
+func TestFormatDSNRoundTrip(t *testing.T) {
+	for _, c := range dsnCases {
+		if c.want == nil {
+			continue
+		}
+		cfg, err := ParseDSN(c.dsn)
+		if err != nil {
+			t.Fatalf("ParseDSN(%q): %v", c.dsn, err)
+		}
+		s := cfg.FormatDSN()
+		back, err := ParseDSN(s)
+		if err != nil {
+			t.Errorf("ParseDSN(FormatDSN) of %q = %q: %v", c.dsn, s, err)
+			continue
+		}
+		if !configEqual(cfg, back) {
+			t.Errorf("round trip of %q via %q\n got %#v\nwant %#v", c.dsn, s, back, cfg)
+		}
+	}
+}
+
+func TestStringHidesPassword(t *testing.T) {
+	for _, dsn := range []string{
+		"postgres://u:hunter2@h/db?replicas=r1",
+		"postgres://u:hunter2@h1:5432,h2:5432/db",
+		"postgres://u@h/db?password=hunter2&replicas=r1",
+		"host=h password=hunter2 replicas=r1",
+		"host=h password='hunter2 x' replicas=r1",
+		"host=h password = hunter2",
+	} {
+		cfg, err := ParseDSN(dsn)
+		if err != nil {
+			t.Fatalf("%q: %v", dsn, err)
+		}
+		if s := cfg.String(); strings.Contains(s, "hunter2") {
+			t.Errorf("String() of %q leaks the password: %q", dsn, s)
+		}
+	}
+}
+
+func TestNewConnectorValidates(t *testing.T) {
+	cfg := NewConfig()
+	cfg.WaitTimeout = 0
+	if _, err := NewConnector(cfg); err == nil || !strings.Contains(err.Error(), "wait_timeout") {
+		t.Fatalf("got %v", err)
+	}
+	cfg = NewConfig()
+	cfg.OnTimeout = 9
+	if _, err := NewConnector(cfg); err == nil || !strings.Contains(err.Error(), "on_timeout") {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := NewConnector(nil); err == nil {
+		t.Fatal("nil config accepted")
+	}
+}
+
+func FuzzParseDSN(f *testing.F) {
+	for _, c := range dsnCases {
+		f.Add(c.dsn)
+	}
+	f.Fuzz(func(t *testing.T, dsn string) {
+		cfg, err := ParseDSN(dsn)
+		if err != nil {
+			return
+		}
+		back, err := ParseDSN(cfg.FormatDSN())
+		if err != nil {
+			t.Fatalf("FormatDSN of a parsed DSN does not parse: %q -> %q: %v", dsn, cfg.FormatDSN(), err)
+		}
+		if !configEqual(cfg, back) {
+			t.Fatalf("round trip changed the config: %q -> %q", dsn, cfg.FormatDSN())
+		}
+	})
+}

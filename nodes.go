@@ -1,0 +1,196 @@
+package pgryw
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pgryw/pgryw/internal/lsn"
+)
+
+// node is what the connector knows about one server, shared by all its
+// connections: where it is, the last replay position it reported, whether it
+// answered, and whether it is still a standby. Every connection that talks to
+// the node updates it, so one connection's wait teaches the others.
+type node struct {
+	index int // replica index; -1 for the writer
+	addr  string
+	host  string
+	port  uint16
+
+	replay     atomic.Uint64 // highest replay LSN seen on this node
+	downUntil  atomic.Int64  // unix nanos; connect or query failure backoff
+	notStandby atomic.Bool   // reported not in recovery: promoted, or never a standby
+	lag        atomic.Int64  // lower bound on replay lag, ns (see history)
+	lagAt      atomic.Int64  // when lag was measured, unix ns; 0 = never
+}
+
+type atomicBool = atomic.Bool
+
+// nodeBackoff is how long a replica that failed is left alone before the next
+// read tries it again.
+const nodeBackoff = time.Second
+
+// knownReplay returns the highest replay position seen on n.
+func (n *node) knownReplay() lsn.LSN { return lsn.LSN(n.replay.Load()) }
+
+// sawReplay records a replay position reported by n.
+func (n *node) sawReplay(l lsn.LSN) {
+	for {
+		cur := n.replay.Load()
+		if uint64(l) <= cur || n.replay.CompareAndSwap(cur, uint64(l)) {
+			return
+		}
+	}
+}
+
+func (n *node) usable(now int64) bool {
+	return !n.notStandby.Load() && n.downUntil.Load() <= now
+}
+
+func (n *node) markDown() {
+	n.downUntil.Store(time.Now().Add(nodeBackoff).UnixNano())
+}
+
+// topology holds every node of one connector.
+type topology struct {
+	writer   *node
+	replicas []*node
+	next     atomic.Uint32 // rotates the starting replica between reads
+	hist     history
+}
+
+// pick chooses a replica for a read that needs the watermark wm: a usable
+// replica already known to have replayed wm, rotating among those; else the
+// usable replica known to be least behind, unless its measured lag says it
+// cannot catch up within budget. Replicas whose bit is set in tried are
+// skipped. It returns nil when none will do. It does not allocate.
+func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) *node {
+	n := len(t.replicas)
+	if n == 0 {
+		return nil
+	}
+	now := time.Now().UnixNano()
+	start := int(t.next.Add(1)) % n
+	var best *node
+	for k := 0; k < n; k++ {
+		r := t.replicas[(start+k)%n]
+		if tried&(1<<uint(r.index%64)) != 0 || !r.usable(now) {
+			continue
+		}
+		if r.knownReplay() >= wm {
+			return r
+		}
+		if t.hopeless(r, wm, budget, now) {
+			continue
+		}
+		if best == nil || r.knownReplay() > best.knownReplay() {
+			best = r
+		}
+	}
+	return best
+}
+
+// history remembers when the writer was seen at which WAL positions (from
+// captures and the monitor), so a replica's replay position can be turned
+// into a lag in time: a replica that has replayed P, observed at t, while the
+// writer was already past P at T, is at least t−T behind. All times are this
+// process's clock; no server clocks are compared.
+type history struct {
+	mu   sync.Mutex
+	lsn  [historySize]uint64
+	at   [historySize]int64
+	n    int // entries used
+	head int // index of the oldest entry
+}
+
+const historySize = 256
+
+// add records that the writer was at l at time t. Positions only rise.
+func (h *history) add(l lsn.LSN, t int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n > 0 {
+		last := (h.head + h.n - 1) % historySize
+		if uint64(l) <= h.lsn[last] {
+			return
+		}
+	}
+	var i int
+	if h.n < historySize {
+		i = (h.head + h.n) % historySize
+		h.n++
+	} else {
+		i = h.head
+		h.head = (h.head + 1) % historySize
+	}
+	h.lsn[i], h.at[i] = uint64(l), t
+}
+
+// firstAfter returns the time the writer was first seen past l (strictly if
+// strict, else at or past), and false when it never was (as far as we know).
+func (h *history) firstAfter(l lsn.LSN, strict bool) (int64, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	lo, hi := 0, h.n
+	for lo < hi {
+		mid := (lo + hi) / 2
+		v := h.lsn[(h.head+mid)%historySize]
+		if v > uint64(l) || !strict && v == uint64(l) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	if lo == h.n {
+		return 0, false
+	}
+	return h.at[(h.head+lo)%historySize], true
+}
+
+// observe records that n had replayed p at time t and updates its lag.
+func (t *topology) observe(n *node, p lsn.LSN, at int64) {
+	n.sawReplay(p)
+	if T, ok := t.hist.firstAfter(p, true); ok && at > T {
+		n.setLag(at-T, at)
+	} else {
+		n.setLag(0, at)
+	}
+}
+
+// reached records that n was seen at or past target at time at (a wait
+// succeeded). The lag can only have been as long as the time since the
+// writer was first seen at target.
+func (t *topology) reached(n *node, target lsn.LSN, at int64) {
+	n.sawReplay(target)
+	if T, ok := t.hist.firstAfter(target, false); ok {
+		if ub := at - T; ub < n.lag.Load() {
+			n.setLag(max(ub, 0), at)
+		}
+	}
+}
+
+func (n *node) setLag(d, at int64) {
+	n.lag.Store(d)
+	n.lagAt.Store(at)
+}
+
+// lagFresh bounds how old a lag measurement may be and still send reads to
+// the writer without trying the replica.
+const lagFresh = int64(time.Second)
+
+// hopeless reports that n, at its last measured lag, cannot replay wm within
+// budget: wm was first seen on the writer at T, so n gets there at about
+// T+lag at the earliest. Reads then go to the writer at once instead of
+// holding a replica connection for the whole budget.
+func (t *topology) hopeless(n *node, wm lsn.LSN, budget time.Duration, now int64) bool {
+	lagAt := n.lagAt.Load()
+	if lagAt == 0 || now-lagAt > lagFresh {
+		return false
+	}
+	T, ok := t.hist.firstAfter(wm, false)
+	if !ok {
+		return false
+	}
+	return T+n.lag.Load()-now > int64(budget)
+}

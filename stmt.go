@@ -1,0 +1,217 @@
+package pgryw
+
+import (
+	"context"
+	"database/sql/driver"
+	"reflect"
+
+	"github.com/pgryw/pgryw/internal/sqlclass"
+)
+
+// Stmt is a prepared statement. It holds only the SQL text: the node that
+// runs it is chosen at each execution, like any other statement.
+type Stmt struct {
+	cn    *Conn
+	query string
+}
+
+// Close implements driver.Stmt.
+func (s *Stmt) Close() error { return nil }
+
+// NumInput implements driver.Stmt; -1 leaves the argument count to the server.
+func (s *Stmt) NumInput() int { return -1 }
+
+// Exec implements driver.Stmt.
+func (s *Stmt) Exec(args []driver.Value) (driver.Result, error) {
+	return s.cn.ExecContext(context.Background(), s.query, named(args))
+}
+
+// Query implements driver.Stmt.
+func (s *Stmt) Query(args []driver.Value) (driver.Rows, error) {
+	return s.cn.QueryContext(context.Background(), s.query, named(args))
+}
+
+// ExecContext implements driver.StmtExecContext.
+func (s *Stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	return s.cn.ExecContext(ctx, s.query, args)
+}
+
+// QueryContext implements driver.StmtQueryContext.
+func (s *Stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	return s.cn.QueryContext(ctx, s.query, args)
+}
+
+// CheckNamedValue implements driver.NamedValueChecker, like Conn's.
+func (s *Stmt) CheckNamedValue(*driver.NamedValue) error { return nil }
+
+func named(args []driver.Value) []driver.NamedValue {
+	nv := make([]driver.NamedValue, len(args))
+	for i, v := range args {
+		nv[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
+	}
+	return nv
+}
+
+// tx is a database/sql transaction. A read-write transaction runs wholly on
+// the writer; a read-only one may run wholly on a replica that was made to
+// catch up before BEGIN (a snapshot taken after BEGIN under REPEATABLE READ
+// would otherwise be older than the watermark).
+type tx struct {
+	cn        *Conn
+	b         *backend
+	inner     driver.Tx
+	ctx       context.Context
+	onReplica bool
+	wrote     bool // a statement that may write ran: the commit moves the watermark
+}
+
+// BeginTx implements driver.ConnBeginTx.
+func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if cn.c.plain {
+		return cn.writer.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	}
+	if opts.ReadOnly && !cn.pinned && !wantsPrimary(ctx) && cn.writer.idle() {
+		var tried uint64
+		for {
+			b, err := cn.readyReplica(ctx, &tried)
+			if err == errUseWriter {
+				cn.c.stats.writerReads.Add(1)
+				cn.c.stats.fallbacks.Add(1)
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+			inner, err := b.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+			if err != nil {
+				if ctx.Err() == nil && b.closed() {
+					cn.dropReplica(b)
+					b.node.markDown()
+					continue
+				}
+				return nil, err
+			}
+			cn.c.stats.replicaReads.Add(1)
+			cn.tx = &tx{cn: cn, b: b, inner: inner, ctx: ctx, onReplica: true}
+			return cn.tx, nil
+		}
+	}
+	inner, err := cn.writer.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	cn.writer.txOpen = true
+	cn.tx = &tx{cn: cn, b: cn.writer, inner: inner, ctx: ctx}
+	return cn.tx, nil
+}
+
+func (t *tx) note(query string, err error) {
+	if t.onReplica || err != nil {
+		return
+	}
+	cls := t.cn.c.classes.get(query)
+	if cls.Pin {
+		t.cn.pinned = true
+	}
+	if t.cn.c.mayCommitWrite(&cls) || cls.Tx == sqlclass.TxCommit {
+		t.wrote = true
+	}
+}
+
+func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	res, err := t.b.exec(ctx, query, args)
+	t.note(query, err)
+	return res, err
+}
+
+func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	rows, err := t.b.query(ctx, query, args)
+	t.note(query, err)
+	return rows, err
+}
+
+// Commit implements driver.Tx; a committed read-write transaction advances
+// the watermark.
+func (t *tx) Commit() error {
+	t.cn.tx = nil
+	t.b.txOpen = false
+	err := t.inner.Commit()
+	if err == nil && t.wrote && t.cn.c.cfg.ReadYourWrites {
+		t.cn.captureCommit(t.ctx)
+	}
+	return err
+}
+
+// Rollback implements driver.Tx.
+func (t *tx) Rollback() error {
+	t.cn.tx = nil
+	t.b.txOpen = false
+	return t.inner.Rollback()
+}
+
+// afterRows calls done once its rows are closed: an autocommit statement that
+// returns rows has committed only when its result is complete.
+type afterRows struct {
+	driver.Rows
+	done func(error)
+}
+
+// Close implements driver.Rows.
+func (r *afterRows) Close() error {
+	err := r.Rows.Close()
+	if r.done != nil {
+		r.done(err)
+		r.done = nil
+	}
+	return err
+}
+
+// The column type methods pass through to the backend's rows when it has them.
+
+// ColumnTypeDatabaseTypeName implements driver.RowsColumnTypeDatabaseTypeName.
+func (r *afterRows) ColumnTypeDatabaseTypeName(i int) string {
+	if x, ok := r.Rows.(driver.RowsColumnTypeDatabaseTypeName); ok {
+		return x.ColumnTypeDatabaseTypeName(i)
+	}
+	return ""
+}
+
+// ColumnTypeLength implements driver.RowsColumnTypeLength.
+func (r *afterRows) ColumnTypeLength(i int) (int64, bool) {
+	if x, ok := r.Rows.(driver.RowsColumnTypeLength); ok {
+		return x.ColumnTypeLength(i)
+	}
+	return 0, false
+}
+
+// ColumnTypePrecisionScale implements driver.RowsColumnTypePrecisionScale.
+func (r *afterRows) ColumnTypePrecisionScale(i int) (int64, int64, bool) {
+	if x, ok := r.Rows.(driver.RowsColumnTypePrecisionScale); ok {
+		return x.ColumnTypePrecisionScale(i)
+	}
+	return 0, 0, false
+}
+
+// ColumnTypeScanType implements driver.RowsColumnTypeScanType.
+func (r *afterRows) ColumnTypeScanType(i int) reflect.Type {
+	if x, ok := r.Rows.(driver.RowsColumnTypeScanType); ok {
+		return x.ColumnTypeScanType(i)
+	}
+	return reflect.TypeFor[any]()
+}
+
+// ColumnTypeNullable implements driver.RowsColumnTypeNullable.
+func (r *afterRows) ColumnTypeNullable(i int) (bool, bool) {
+	if x, ok := r.Rows.(driver.RowsColumnTypeNullable); ok {
+		return x.ColumnTypeNullable(i)
+	}
+	return false, false
+}
+
+var (
+	_ driver.Stmt             = (*Stmt)(nil)
+	_ driver.StmtExecContext  = (*Stmt)(nil)
+	_ driver.StmtQueryContext = (*Stmt)(nil)
+	_ driver.Tx               = (*tx)(nil)
+	_ driver.Rows             = (*afterRows)(nil)
+)

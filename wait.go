@@ -1,0 +1,307 @@
+package pgryw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgryw/pgryw/internal/wire"
+
+	"github.com/pgryw/pgryw/internal/lsn"
+)
+
+// Statements pgryw sends on its own behalf. None carries caller text: LSNs and
+// timeouts are formatted from parsed numbers.
+const (
+	// pg_current_wal_insert_lsn, not _flush_ or _lsn: read after the commit it
+	// is at or past the end of the commit record whatever synchronous_commit
+	// is; the flush position can trail an asynchronous commit.
+	//
+	// wal_block_size comes along for adjustInsertLSN.
+	sqlCapture = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size')"
+	// pg_is_in_recovery in the same query: a promoted standby keeps reporting
+	// its last replay position, so the position alone cannot tell promotion
+	// from lag.
+	sqlPoll = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
+)
+
+// waitForSQL builds the PostgreSQL 19 wait. WAIT FOR is a utility statement
+// and takes no parameters, so both operands are interpolated, from an LSN
+// integer and a duration we hold.
+func waitForSQL(target lsn.LSN, budget time.Duration) string {
+	ms := budget.Milliseconds()
+	if ms < 1 {
+		ms = 1 // TIMEOUT 0 would mean "wait forever"
+	}
+	return fmt.Sprintf("WAIT FOR LSN '%s' WITH (MODE 'standby_replay', TIMEOUT '%dms', NO_THROW)", target, ms)
+}
+
+// ErrReplicaBehind is matched (errors.Is) by the error a read returns under
+// on_timeout=error when no replica replayed the session's watermark in time.
+var ErrReplicaBehind = errors.New("pgryw: replica behind the session's watermark")
+
+// ReplicaBehindError is the error a read returns under on_timeout=error. It
+// matches ErrReplicaBehind.
+type ReplicaBehindError struct {
+	Replica   string        // host:port of the replica that was waited on
+	Watermark string        // the session's watermark, an LSN
+	Replayed  string        // the replica's last known replay LSN ("unknown" if none)
+	Waited    time.Duration // the budget that ran out
+}
+
+// Error reports both positions so the lag can be judged from the message.
+func (e *ReplicaBehindError) Error() string {
+	return fmt.Sprintf("pgryw: replica %s did not replay the session's watermark %s within %v (replayed %s)",
+		e.Replica, e.Watermark, e.Waited, e.Replayed)
+}
+
+// Is makes errors.Is(err, ErrReplicaBehind) true.
+func (e *ReplicaBehindError) Is(target error) bool { return target == ErrReplicaBehind }
+
+// waitResult is what a wait learned about a replica.
+type waitResult uint8
+
+const (
+	waitOK         waitResult = iota // replayed past the target
+	waitTimeout                      // budget ran out
+	waitNotStandby                   // the node is not (or no longer) in recovery
+	waitBehind                       // a one-off check found it behind (polling may still catch up)
+)
+
+// capture reads the writer's WAL insert position with a round trip of its
+// own. Call it only after a commit has returned.
+func capture(ctx context.Context, b *backend) (lsn.LSN, error) {
+	row, err := b.control(ctx, sqlCapture)
+	if err != nil {
+		return 0, err
+	}
+	return parseCapture(row)
+}
+
+// parseCapture reads sqlCapture's row.
+func parseCapture(row []string) (lsn.LSN, error) {
+	if len(row) != 2 {
+		return 0, fmt.Errorf("pgryw: writer position query returned %d columns", len(row))
+	}
+	l, err := lsn.Parse(row[0])
+	if err != nil {
+		return 0, fmt.Errorf("pgryw: writer returned an unreadable WAL position: %w", err)
+	}
+	bs, err := strconv.ParseUint(row[1], 10, 32)
+	if err != nil || bs == 0 {
+		return 0, fmt.Errorf("pgryw: writer returned an unreadable wal_block_size %q", clip(row[1]))
+	}
+	return adjustInsertLSN(l, bs), nil
+}
+
+// adjustInsertLSN turns an insert position into one a standby's replay
+// position can reach. When the last record ends exactly at a WAL page
+// boundary, pg_current_wal_insert_lsn() points past the next page's header
+// (24 bytes, or 40 at a segment start), where nothing has been written yet;
+// replay stops at the boundary, and a wait for the raw value would last until
+// more WAL happens to arrive (seen: 14 s on an idle cluster). No record ends
+// inside a page header, so the boundary is an equivalent target.
+func adjustInsertLSN(l lsn.LSN, blockSize uint64) lsn.LSN {
+	const shortHeader, longHeader = 24, 40
+	if off := uint64(l) % blockSize; off == shortHeader || off == longHeader {
+		return l - lsn.LSN(off)
+	}
+	return l
+}
+
+// useWaitFor decides the method for one replica connection.
+func (c *Connector) useWaitFor(b *backend) bool {
+	switch c.cfg.WaitMethod {
+	case WaitFor:
+		return true
+	case WaitPoll:
+		return false
+	}
+	return b.major >= 19
+}
+
+// waitReplica makes sure the replica behind b has replayed target, within the
+// connector's budget or the context's deadline, whichever is sooner. err is
+// non-nil only when the wait could not be carried out (connection trouble,
+// cancellation); a replica that is merely behind is waitTimeout.
+func (c *Connector) waitReplica(ctx context.Context, b *backend, target lsn.LSN) (waitResult, error) {
+	budget := c.cfg.WaitTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left < budget {
+			budget = left
+		}
+	}
+	if budget <= 0 {
+		return waitTimeout, ctx.Err()
+	}
+	c.stats.waits.Add(1)
+	var (
+		res waitResult
+		err error
+	)
+	if c.useWaitFor(b) {
+		res, err = c.waitFor(ctx, b, target, budget)
+	} else {
+		res, err = c.poll(ctx, b, target, budget)
+	}
+	if res == waitTimeout && err == nil {
+		c.stats.waitTimeouts.Add(1)
+	}
+	if res == waitNotStandby {
+		b.node.notStandby.Store(true)
+	}
+	return res, err
+}
+
+func (c *Connector) waitFor(ctx context.Context, b *backend, target lsn.LSN, budget time.Duration) (waitResult, error) {
+	row, err := b.control(ctx, waitForSQL(target, budget))
+	if err != nil {
+		return waitTimeout, err
+	}
+	switch row[0] {
+	case "success":
+		c.topo.reached(b.node, target, time.Now().UnixNano())
+		return waitOK, nil
+	case "timeout":
+		return waitTimeout, nil
+	case "not in recovery":
+		return waitNotStandby, nil
+	}
+	return waitTimeout, fmt.Errorf("pgryw: WAIT FOR returned unknown status %q", clip(row[0]))
+}
+
+// Poll backoff: start short, because on a healthy replica the position
+// arrives within a millisecond or two, and cap it so a slow replica is not
+// hammered.
+const (
+	pollFirst = 500 * time.Microsecond
+	pollMax   = 20 * time.Millisecond
+)
+
+func (c *Connector) poll(ctx context.Context, b *backend, target lsn.LSN, budget time.Duration) (waitResult, error) {
+	deadline := time.Now().Add(budget)
+	delay := pollFirst
+	var timer *time.Timer
+	for {
+		row, err := b.control(ctx, sqlPoll)
+		if err != nil {
+			return waitTimeout, err
+		}
+		if len(row) < 2 || row[1] != "t" {
+			return waitNotStandby, nil
+		}
+		if row[0] != "\x00null" {
+			l, err := lsn.Parse(row[0])
+			if err != nil {
+				return waitTimeout, fmt.Errorf("pgryw: replica returned an unreadable replay position: %w", err)
+			}
+			c.topo.observe(b.node, l, time.Now().UnixNano())
+			if l >= target {
+				return waitOK, nil
+			}
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return waitTimeout, nil
+		}
+		if delay > left {
+			delay = left
+		}
+		if timer == nil {
+			timer = time.NewTimer(delay)
+			defer timer.Stop()
+		} else {
+			timer.Reset(delay)
+		}
+		select {
+		case <-ctx.Done():
+			return waitTimeout, ctx.Err()
+		case <-timer.C:
+		}
+		if delay *= 2; delay > pollMax {
+			delay = pollMax
+		}
+	}
+}
+
+// armCheck puts a replica's catch-up check in front of the read about to be
+// sent on b: WAIT FOR LSN on PostgreSQL 19 and later, else a replay position
+// poll. Both are answered before the read runs, in the same round trip.
+func (c *Connector) armCheck(b *backend, wm lsn.LSN) *wire.Injection {
+	if c.useWaitFor(b) {
+		c.stats.waits.Add(1)
+		b.inj.Reset(waitForSQL(wm, c.cfg.WaitTimeout))
+	} else {
+		b.inj.Reset(sqlPoll)
+	}
+	b.wire.Prefix(&b.inj)
+	return &b.inj
+}
+
+// errCheckLost: the connection failed before the check's answer arrived.
+var errCheckLost = errors.New("pgryw: replica connection failed during the catch-up check")
+
+// checked reads the answer to armCheck's statement.
+func (c *Connector) checked(b *backend, inj *wire.Injection, wm lsn.LSN) (waitResult, error) {
+	if !inj.Sent() {
+		return waitBehind, nil // nothing was checked: check the slow way
+	}
+	if !inj.Done() {
+		return waitTimeout, errCheckLost
+	}
+	if err := inj.Err(); err != nil {
+		return waitTimeout, err
+	}
+	row, null := inj.Row()
+	now := time.Now().UnixNano()
+	if c.useWaitFor(b) {
+		if len(row) != 1 {
+			return waitTimeout, errCheckLost
+		}
+		switch row[0] {
+		case "success":
+			c.topo.reached(b.node, wm, now)
+			return waitOK, nil
+		case "timeout":
+			c.stats.waitTimeouts.Add(1)
+			return waitTimeout, nil
+		case "not in recovery":
+			b.node.notStandby.Store(true)
+			return waitNotStandby, nil
+		}
+		return waitTimeout, fmt.Errorf("pgryw: WAIT FOR returned unknown status %q", clip(row[0]))
+	}
+	if len(row) != 2 {
+		return waitTimeout, errCheckLost
+	}
+	if row[1] != "t" {
+		b.node.notStandby.Store(true)
+		return waitNotStandby, nil
+	}
+	if null[0] {
+		return waitBehind, nil
+	}
+	l, err := lsn.Parse(row[0])
+	if err != nil {
+		return waitTimeout, fmt.Errorf("pgryw: replica returned an unreadable replay position: %w", err)
+	}
+	c.topo.observe(b.node, l, now)
+	if l >= wm {
+		return waitOK, nil
+	}
+	return waitBehind, nil
+}
+
+// configError returns err when a failed wait points at a configuration
+// mistake the caller must hear about (wait_method=wait_for on a server older
+// than PostgreSQL 19), and nil when the replica should just be skipped.
+func (c *Connector) configError(b *backend, err error) error {
+	var pgErr *pgconn.PgError
+	if c.cfg.WaitMethod == WaitFor && errors.As(err, &pgErr) && b.major > 0 && b.major < 19 {
+		return fmt.Errorf("pgryw: wait_method=wait_for needs PostgreSQL 19 or later; replica %s runs %d: %w", b.node.addr, b.major, err)
+	}
+	return nil
+}
