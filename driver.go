@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"sync/atomic"
@@ -65,6 +66,7 @@ type Connector struct {
 	readFuncs, writeFuncs map[string]bool
 
 	stats counters
+	mon   monitor
 
 	// dial opens a backend connection; replaced by unit tests to put
 	// go-sqlmock connections in place of servers.
@@ -189,6 +191,7 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.startMonitor()
 	return &Conn{c: c, writer: newBackend(wc, c.topo.writer), replicas: make([]*backend, len(c.topo.replicas))}, nil
 }
 
@@ -230,4 +233,5 @@ var (
 	_ driver.Driver        = (*Driver)(nil)
 	_ driver.DriverContext = (*Driver)(nil)
 	_ driver.Connector     = (*Connector)(nil)
+	_ io.Closer            = (*Connector)(nil)
 )

@@ -48,6 +48,7 @@ func newMockCluster(t *testing.T, n int, extra string) *mockCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.mon.closed = true // the monitor would take the mocks' connections
 	mc := &mockCluster{c: c, dials: make([]int, n+1)}
 	conns := make([]driver.Conn, n+1)
 	mk := func() (sqlmock.Sqlmock, driver.Conn) {

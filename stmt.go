@@ -130,15 +130,18 @@ func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue) 
 	return rows, err
 }
 
-// Commit implements driver.Tx; a committed read-write transaction advances
-// the watermark.
+// Commit implements driver.Tx. A committed read-write transaction advances
+// the watermark; the position query rides behind COMMIT in the same flush.
 func (t *tx) Commit() error {
 	t.cn.tx = nil
 	t.b.txOpen = false
-	err := t.inner.Commit()
-	if err == nil && t.wrote && t.cn.c.cfg.ReadYourWrites {
-		t.cn.captureCommit(t.ctx)
+	if t.onReplica || !t.wrote || !t.cn.c.cfg.ReadYourWrites {
+		return t.inner.Commit()
 	}
+	commit := sqlclass.Result{Tx: sqlclass.TxCommit}
+	inj := t.cn.armCapture(&commit)
+	err := t.inner.Commit()
+	t.cn.afterWriter(t.ctx, &commit, err, inj)
 	return err
 }
 

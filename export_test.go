@@ -1,0 +1,29 @@
+package pgryw
+
+import (
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgryw/pgryw/internal/lsn"
+)
+
+// Hooks for the external integration tests.
+
+// SetNetHook wraps every server connection c opens from now on, under
+// pgryw's wire layer, with f(port, conn).
+func SetNetHook(c *Connector, f func(port uint16, nc net.Conn) net.Conn) {
+	c.netHook = func(pc *pgconn.Config, nc net.Conn) net.Conn { return f(pc.Port, nc) }
+}
+
+// StopMonitor keeps c's background monitor from starting.
+func StopMonitor(c *Connector) { c.mon.closed = true }
+
+// Observe tells c that replica i has replayed pos, as the monitor would.
+func Observe(c *Connector, i int, pos string) {
+	l, err := lsn.Parse(pos)
+	if err != nil {
+		panic(err)
+	}
+	c.topo.observe(c.topo.replicas[i], l, time.Now().UnixNano())
+}

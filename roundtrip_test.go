@@ -1,0 +1,179 @@
+package pgryw_test
+
+// Proof that read-your-writes costs no extra round trips: a counting layer
+// under pgryw's wire layer counts the client's turns to speak on each
+// server connection.
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgryw/pgryw"
+)
+
+// turnConn counts round trips: a write that follows a read (or is the
+// first) starts one; consecutive writes before the answer are one flush.
+type turnConn struct {
+	net.Conn
+	trips *atomic.Int64
+	mu    sync.Mutex
+	spoke bool
+}
+
+func (c *turnConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	if !c.spoke {
+		c.trips.Add(1)
+		c.spoke = true
+	}
+	c.mu.Unlock()
+	return c.Conn.Write(b)
+}
+
+func (c *turnConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.mu.Lock()
+		c.spoke = false
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+func TestRoundTrips(t *testing.T) {
+	db, c := openDB(t, "")
+	pgryw.StopMonitor(c) // its polls would be counted; Observe stands in for it
+	trips := map[uint16]*atomic.Int64{}
+	var mu sync.Mutex
+	pgryw.SetNetHook(c, func(port uint16, nc net.Conn) net.Conn {
+		mu.Lock()
+		defer mu.Unlock()
+		if trips[port] == nil {
+			trips[port] = new(atomic.Int64)
+		}
+		return &turnConn{Conn: nc, trips: trips[port]}
+	})
+	db.SetMaxOpenConns(1)
+	table := newTable(t)
+	ctx := context.Background()
+	insert := "INSERT INTO " + table + " (id, v) VALUES ($1, $2)"
+	read := "SELECT v FROM " + table + " WHERE id = $1"
+	writerPort := uint16(cluster.Writer.Port)
+
+	snapshot := func() map[uint16]int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		m := map[uint16]int64{}
+		for p, n := range trips {
+			m[p] = n.Load()
+		}
+		return m
+	}
+	delta := func(before map[uint16]int64) (writer, replicas int64) {
+		for p, n := range snapshot() {
+			if p == writerPort {
+				writer += n - before[p]
+			} else {
+				replicas += n - before[p]
+			}
+		}
+		return
+	}
+	// learn plays the monitor: it reads each replica's replay position and
+	// tells the connector.
+	learn := func() {
+		for i := range cluster.Replicas {
+			conn, err := pgx.Connect(ctx, cluster.ReplicaDSN(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pos string
+			if err := conn.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn()::text").Scan(&pos); err != nil {
+				t.Fatal(err)
+			}
+			conn.Close(ctx)
+			pgryw.Observe(c, i, pos)
+		}
+	}
+	var v int
+	// Warm up: connections open and statements prepared on every node, as
+	// in a running application.
+	for i := 1; i <= 6; i++ {
+		if _, err := db.Exec(insert, i, i); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.QueryRow(read, i).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Reads with every replica known caught up rotate over all of them.
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	learn()
+	for i := 1; i <= 6; i++ {
+		if err := db.QueryRow(read, i).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	b := snapshot()
+	if _, err := db.Exec(insert, 100, 100); err != nil {
+		t.Fatal(err)
+	}
+	if w, r := delta(b); w != 1 || r != 0 {
+		t.Errorf("autocommit write: %d round trips to the writer, %d to replicas; want 1 and 0", w, r)
+	}
+
+	// Replica known to be caught up: the read goes alone.
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	learn()
+	b = snapshot()
+	if err := db.QueryRow(read, 100).Scan(&v); err != nil || v != 100 {
+		t.Fatalf("read: v=%d err=%v", v, err)
+	}
+	if w, r := delta(b); w != 0 || r != 1 {
+		t.Errorf("read, replica known caught up: %d round trips to the writer, %d to replicas; want 0 and 1", w, r)
+	}
+
+	// Replica caught up but not known to be: check and read in one flush.
+	if _, err := db.Exec(insert, 101, 101); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b = snapshot()
+	st0 := c.Stats()
+	if err := db.QueryRow(read, 101).Scan(&v); err != nil || v != 101 {
+		t.Fatalf("read: v=%d err=%v", v, err)
+	}
+	if w, r := delta(b); w != 0 || r != 1 {
+		t.Errorf("read, replica not known caught up: %d round trips to the writer, %d to replicas; want 0 and 1 (%+v -> %+v)", w, r, st0, c.Stats())
+	}
+
+	// A transaction: BEGIN, INSERT, and COMMIT with its capture: three.
+	b = snapshot()
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(insert, 102, 102); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if w, r := delta(b); w != 3 || r != 0 {
+		t.Errorf("transaction: %d round trips to the writer, %d to replicas; want 3 and 0", w, r)
+	}
+	if st := c.Stats(); st.Captures < 9 || st.CaptureFailure != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
