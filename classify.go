@@ -1,7 +1,11 @@
 package pgryw
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
@@ -60,14 +64,15 @@ func (cc *classCache) learnWrite(q string) {
 
 // readOnly reports whether a statement may run on a replica: the classifier
 // found nothing that writes or changes the session, and every function it
-// could not vouch for is listed in read_functions (and not in
+// could not vouch for is listed in read_functions or known from the
+// writer's catalog to be stable or immutable (and is not in
 // write_functions). Anything else stays on the writer.
 func (c *Connector) readOnly(r *sqlclass.Result) bool {
 	if r.Write || r.Pin {
 		return false
 	}
 	for _, f := range r.Funcs {
-		if c.writeFuncs[f] || !c.readFuncs[f] {
+		if !c.funcReadOnly(f) {
 			return false
 		}
 	}
@@ -91,9 +96,112 @@ func (c *Connector) mayCommitWrite(r *sqlclass.Result) bool {
 	// nothing another node could show; one that calls a function we cannot
 	// vouch for might.
 	for _, f := range r.Funcs {
-		if c.writeFuncs[f] || !c.readFuncs[f] {
+		if c.writeFuncs[f] {
+			return true
+		}
+		if c.readFuncs[f] {
+			continue
+		}
+		if ro, ok := c.funcs.lookup(f); !ok || !ro {
 			return true
 		}
 	}
 	return false
+}
+
+// funcCatalog caches, per writer, whether functions the classifier could not
+// vouch for are read-only: the writer's pg_proc is asked once per name, in
+// the background, and a volatile function (any overload) counts as a write,
+// as pgpool-II does. Until the answer is in, statements calling the
+// function go to the writer.
+type funcCatalog struct {
+	mu      sync.RWMutex
+	known   map[string]bool // name -> read-only
+	pending map[string]bool
+}
+
+// sqlFuncVolatility is asked with the name as bind parameters, never
+// spliced: bool_and is NULL when no function has that name (unknown stays a
+// write), false when any overload is volatile.
+const sqlFuncVolatility = `SELECT bool_and(p.provolatile <> 'v') FROM pg_catalog.pg_proc p
+JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+WHERE p.proname = $1 AND ($2 = '' OR n.nspname = $2)`
+
+func (fc *funcCatalog) lookup(name string) (readOnly, known bool) {
+	fc.mu.RLock()
+	readOnly, known = fc.known[name]
+	fc.mu.RUnlock()
+	return
+}
+
+// funcReadOnly reports whether f may run on a replica; an unknown name
+// starts a catalog look-up and counts as a write for now.
+func (c *Connector) funcReadOnly(f string) bool {
+	if c.writeFuncs[f] {
+		return false
+	}
+	if c.readFuncs[f] {
+		return true
+	}
+	if ro, ok := c.funcs.lookup(f); ok {
+		return ro
+	}
+	c.askCatalog(f)
+	return false
+}
+
+func (c *Connector) askCatalog(f string) {
+	if c.noCatalog {
+		return
+	}
+	fc := &c.funcs
+	fc.mu.Lock()
+	if fc.pending[f] {
+		fc.mu.Unlock()
+		return
+	}
+	if fc.pending == nil {
+		fc.pending = map[string]bool{}
+		fc.known = map[string]bool{}
+	}
+	fc.pending[f] = true
+	fc.mu.Unlock()
+	go func() {
+		ro, err := c.queryVolatility(f)
+		fc.mu.Lock()
+		defer fc.mu.Unlock()
+		delete(fc.pending, f)
+		if err == nil {
+			fc.known[f] = ro
+		}
+	}()
+}
+
+// catalogTimeout bounds one background look-up.
+const catalogTimeout = 10 * time.Second
+
+func (c *Connector) queryVolatility(f string) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), catalogTimeout)
+	defer cancel()
+	dc, err := c.dial(ctx, c.topo.writer)
+	if err != nil {
+		return false, err
+	}
+	b := newBackend(dc, c.topo.writer)
+	defer b.close()
+	if b.pg == nil {
+		return false, errors.New("pgryw: catalog look-up needs a pgx connection")
+	}
+	schema, name := "", f
+	if i := strings.LastIndexByte(f, '.'); i >= 0 {
+		schema, name = f[:i], f[i+1:]
+	}
+	res := b.pg.ExecParams(ctx, sqlFuncVolatility, [][]byte{[]byte(name), []byte(schema)}, nil, nil, nil).Read()
+	if res.Err != nil {
+		return false, res.Err
+	}
+	if len(res.Rows) != 1 {
+		return false, errors.New("pgryw: catalog look-up returned no row")
+	}
+	return string(res.Rows[0][0]) == "t", nil
 }

@@ -619,3 +619,6 @@ var (
 	_ driver.SessionResetter    = (*Conn)(nil)
 	_ driver.Validator          = (*Conn)(nil)
 )
+
+// Connector returns the connector this connection belongs to.
+func (cn *Conn) Connector() *Connector { return cn.c }

@@ -64,6 +64,8 @@ type Connector struct {
 	classes classCache
 
 	readFuncs, writeFuncs map[string]bool
+	funcs                 funcCatalog
+	noCatalog             bool // unit tests: no writer to ask
 
 	stats counters
 	mon   monitor

@@ -49,6 +49,7 @@ func newMockCluster(t *testing.T, n int, extra string) *mockCluster {
 		t.Fatal(err)
 	}
 	c.mon.closed = true // the monitor would take the mocks' connections
+	c.noCatalog = true  // and so would catalog look-ups
 	mc := &mockCluster{c: c, dials: make([]int, n+1)}
 	conns := make([]driver.Conn, n+1)
 	mk := func() (sqlmock.Sqlmock, driver.Conn) {
