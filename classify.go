@@ -68,7 +68,10 @@ func (cc *classCache) learnWrite(q string) {
 // writer's catalog to be stable or immutable (and is not in
 // write_functions). Anything else stays on the writer.
 func (c *Connector) readOnly(r *sqlclass.Result) bool {
-	if r.Write || r.Pin {
+	// Transaction control opens or ends a block on the writer: database/sql
+	// transactions do not come this way, so an Exec'd BEGIN is the caller
+	// managing a block on this connection.
+	if r.Write || r.Pin || r.Tx != sqlclass.TxNone {
 		return false
 	}
 	for _, f := range r.Funcs {
@@ -79,22 +82,17 @@ func (c *Connector) readOnly(r *sqlclass.Result) bool {
 	return true
 }
 
-// mayCommitWrite reports whether a statement that ran on the writer, outside
-// a transaction block once it is done, may have committed a change that later
-// reads must see.
-func (c *Connector) mayCommitWrite(r *sqlclass.Result) bool {
-	switch r.Tx {
-	case sqlclass.TxCommit:
-		return true
-	case sqlclass.TxBegin, sqlclass.TxRollback, sqlclass.TxSavepoint:
-		return false
-	}
+// mayWrite reports whether a statement that runs on the writer may change
+// data that later reads must see once it commits: it writes, or it calls a
+// function not known to be read-only. Transaction control and statements
+// that only change the session (SET, LISTEN, PREPARE) do not.
+func (c *Connector) mayWrite(r *sqlclass.Result) bool {
 	if r.Write {
 		return true
 	}
-	// A statement that only changed the session (SET, LISTEN, PREPARE) commits
-	// nothing another node could show; one that calls a function we cannot
-	// vouch for might.
+	if r.Tx != sqlclass.TxNone {
+		return false
+	}
 	for _, f := range r.Funcs {
 		if c.writeFuncs[f] {
 			return true

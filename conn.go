@@ -34,6 +34,10 @@ type Conn struct {
 	// later statement runs there so it keeps seeing that state.
 	pinned bool
 
+	// blockWrote: a transaction block opened with an Exec'd BEGIN has run a
+	// statement that may write, so its COMMIT moves the watermark.
+	blockWrote bool
+
 	tx *tx // the open database/sql transaction, if any
 }
 
@@ -170,7 +174,7 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 	}
 	inj := cn.armCapture(&cls)
 	rows, err := cn.writer.query(ctx, query, args)
-	if err != nil || inj == nil && !(cn.c.cfg.ReadYourWrites && cn.c.mayCommitWrite(&cls)) {
+	if err != nil || inj == nil && !(cn.c.cfg.ReadYourWrites && cn.commits(&cls)) {
 		cn.afterWriter(ctx, &cls, err, inj)
 		return rows, err
 	}
@@ -194,6 +198,18 @@ func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, e
 	return !cn.pinned || cls.Hint == sqlclass.HintReplica, nil
 }
 
+// commits reports whether a statement about to run on the writer, outside
+// any database/sql transaction, may commit a write: an autocommit statement
+// that may write (a multi-statement string with its own BEGIN and COMMIT
+// included), or a COMMIT ending a transaction block in which such a
+// statement ran. A read-only block's COMMIT moves nothing.
+func (cn *Conn) commits(cls *sqlclass.Result) bool {
+	if cls.Tx == sqlclass.TxCommit && !cls.Write {
+		return cn.blockWrote
+	}
+	return cn.c.mayWrite(cls)
+}
+
 // armCapture arranges for the writer's WAL position to be read in the same
 // flush as a statement that may commit a write: pgconn's Sync ends the
 // statement's implicit transaction, and the position query that follows it
@@ -201,7 +217,7 @@ func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, e
 // it cannot ride along (then afterWriter captures with a round trip of its own).
 func (cn *Conn) armCapture(cls *sqlclass.Result) *wire.Injection {
 	w := cn.writer
-	if w.wire == nil || !cn.c.cfg.ReadYourWrites || !cn.c.mayCommitWrite(cls) {
+	if w.wire == nil || !cn.c.cfg.ReadYourWrites || !cn.commits(cls) {
 		return nil
 	}
 	// Inside a transaction block only COMMIT ends it; anything else would
@@ -220,6 +236,7 @@ func (cn *Conn) armCapture(cls *sqlclass.Result) *wire.Injection {
 // ride-along capture from armCapture, if any.
 func (cn *Conn) afterWriter(ctx context.Context, cls *sqlclass.Result, err error, inj *wire.Injection) {
 	w := cn.writer
+	commits := cn.commits(cls)
 	if w.pg == nil {
 		switch cls.Tx {
 		case sqlclass.TxBegin:
@@ -242,7 +259,22 @@ func (cn *Conn) afterWriter(ctx context.Context, cls *sqlclass.Result, err error
 	if cls.Pin {
 		cn.pinned = true
 	}
-	if !cn.c.cfg.ReadYourWrites || !cn.c.mayCommitWrite(cls) || !w.idle() {
+	if !w.idle() && cls.Tx != sqlclass.TxCommit {
+		// Inside a transaction block (an Exec'd BEGIN): remember whether it
+		// wrote, for its COMMIT.
+		if cls.Tx == sqlclass.TxBegin && !cls.Write {
+			cn.blockWrote = false
+		} else if commits {
+			cn.blockWrote = true
+		}
+		return
+	}
+	if cls.Tx != sqlclass.TxNone {
+		cn.blockWrote = false
+	}
+	// COMMIT AND CHAIN leaves a new block open, but the commit happened and
+	// a position read after it covers it.
+	if !cn.c.cfg.ReadYourWrites || !commits {
 		return
 	}
 	if inj != nil && inj.Sent() && inj.Err() == nil {

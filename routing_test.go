@@ -433,3 +433,41 @@ func TestUnreachableReplicaFallsBack(t *testing.T) {
 func pgError(code string) error {
 	return &pgconn.PgError{Severity: "ERROR", Code: code, Message: "cannot execute in a read-only transaction"}
 }
+
+func TestExecBeginCommit(t *testing.T) {
+	mc := newMockCluster(t, 1, "wait_method=poll")
+	// A block that wrote: its COMMIT moves the watermark.
+	mc.writer.ExpectExec("BEGIN").WillReturnResult(sqlmock.NewResult(0, 0))
+	mc.writer.ExpectExec(insertSQL).WithArgs(int64(1)).WillReturnResult(sqlmock.NewResult(0, 1))
+	mc.writer.ExpectQuery(selectSQL).WithArgs(int64(7)).WillReturnRows(valueRow(1)) // inside the block: writer
+	mc.writer.ExpectExec("COMMIT").WillReturnResult(sqlmock.NewResult(0, 0))
+	mc.writer.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/7000000"))
+	// A block that only read: its COMMIT moves nothing.
+	mc.writer.ExpectExec("BEGIN").WillReturnResult(sqlmock.NewResult(0, 0))
+	mc.writer.ExpectQuery(selectSQL).WithArgs(int64(7)).WillReturnRows(valueRow(1))
+	mc.writer.ExpectExec("COMMIT").WillReturnResult(sqlmock.NewResult(0, 0))
+
+	ctx := context.Background()
+	conn, err := mc.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, step := range []string{"BEGIN", "insert", "read", "COMMIT", "BEGIN", "read", "COMMIT"} {
+		switch step {
+		case "insert":
+			_, err = conn.ExecContext(ctx, insertSQL, int64(1))
+		case "read":
+			_, err = readOne(t, conn)
+		default:
+			_, err = conn.ExecContext(ctx, step)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+	}
+	mc.verify(t)
+	if got := mc.c.db.wm.Load().String(); got != "0/07000000" {
+		t.Fatalf("watermark %s", got)
+	}
+}

@@ -113,7 +113,7 @@ func (t *tx) note(query string, err error) {
 	if cls.Pin {
 		t.cn.pinned = true
 	}
-	if t.cn.c.mayCommitWrite(&cls) || cls.Tx == sqlclass.TxCommit {
+	if t.cn.c.mayWrite(&cls) {
 		t.wrote = true
 	}
 }
@@ -138,7 +138,7 @@ func (t *tx) Commit() error {
 	if t.onReplica || !t.wrote || !t.cn.c.cfg.ReadYourWrites {
 		return t.inner.Commit()
 	}
-	commit := sqlclass.Result{Tx: sqlclass.TxCommit}
+	commit := sqlclass.Result{Tx: sqlclass.TxCommit, Write: true}
 	inj := t.cn.armCapture(&commit)
 	err := t.inner.Commit()
 	t.cn.afterWriter(t.ctx, &commit, err, inj)
