@@ -68,7 +68,7 @@ func BenchmarkRouteDecision(b *testing.B) {
 			b.Fatal("not a read")
 		}
 		wm := c.db.wm.Load()
-		if n := c.topo.pick(wm, 0, c.cfg.WaitTimeout); n == nil {
+		if n, _ := c.topo.pick(wm, 0, c.cfg.WaitTimeout); n == nil {
 			b.Fatal("no replica")
 		}
 	}

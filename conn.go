@@ -412,12 +412,21 @@ var errUseWriter = errors.New("pgryw: use the writer")
 // nextReplica picks and connects a replica for a read that needs wm. check
 // reports that the replica is not known to have replayed wm: the caller must
 // check (or wait) on it before using its answer. It returns errUseWriter when
-// no replica will do.
+// no replica is usable, and applies on_timeout at once when every usable
+// replica is known to be too far behind to catch up within the budget (so a
+// lag event does not hold a replica connection per read for the whole
+// budget): errUseWriter, a *ReplicaBehindError, or (stale) the least behind
+// replica with check false.
 func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64) (b *backend, check bool, err error) {
 	for {
-		n := cn.c.topo.pick(wm, *tried, cn.c.cfg.WaitTimeout)
+		n, hopeless := cn.c.topo.pick(wm, *tried, cn.c.cfg.WaitTimeout)
 		if n == nil {
 			return nil, false, errUseWriter
+		}
+		if hopeless {
+			if err := cn.behind(n, wm); err != nil {
+				return nil, false, err
+			}
 		}
 		*tried |= 1 << uint(n.index%64)
 		b, err := cn.replica(ctx, n)
@@ -431,7 +440,7 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64) (b *
 		if n.notStandby.Load() {
 			continue
 		}
-		return b, wm > 0 && n.knownReplay() < wm, nil
+		return b, !hopeless && wm > 0 && n.knownReplay() < wm, nil
 	}
 }
 
@@ -473,26 +482,26 @@ func (cn *Conn) readyReplica(ctx context.Context, tried *uint64) (*backend, erro
 		case waitNotStandby:
 			continue
 		}
-		if perr := cn.behind(b, wm); perr != nil {
+		if perr := cn.behind(b.node, wm); perr != nil {
 			return nil, perr
 		}
 		return b, nil
 	}
 }
 
-// behind decides what a read does when replica b did not replay wm in time:
-// errUseWriter (on_timeout=primary), a *ReplicaBehindError
-// (on_timeout=error), or nil to serve the replica's rows anyway
-// (on_timeout=stale).
-func (cn *Conn) behind(b *backend, wm lsn.LSN) error {
+// behind decides what a read does when replica n did not (or, by its
+// measured lag, will not) replay wm in time: errUseWriter
+// (on_timeout=primary), a *ReplicaBehindError (on_timeout=error), or nil to
+// serve the replica's rows anyway (on_timeout=stale).
+func (cn *Conn) behind(n *node, wm lsn.LSN) error {
 	switch cn.c.cfg.OnTimeout {
 	case OnTimeoutError:
 		cn.c.stats.behindErrors.Add(1)
 		replayed := "unknown"
-		if r := b.node.knownReplay(); r > 0 {
+		if r := n.knownReplay(); r > 0 {
 			replayed = r.String()
 		}
-		return &ReplicaBehindError{Replica: b.node.addr, Watermark: wm.String(), Replayed: replayed, Waited: cn.c.cfg.WaitTimeout}
+		return &ReplicaBehindError{Replica: n.addr, Watermark: wm.String(), Replayed: replayed, Waited: cn.c.cfg.WaitTimeout}
 	case OnTimeoutStale:
 		cn.c.stats.staleReads.Add(1)
 		return nil
@@ -587,7 +596,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			drop()
 			continue
 		case waitTimeout, waitBehind:
-			if perr := cn.behind(b, wm); perr != nil {
+			if perr := cn.behind(b.node, wm); perr != nil {
 				drop()
 				if perr == errUseWriter {
 					return cn.toWriter(), nil

@@ -62,33 +62,41 @@ type topology struct {
 
 // pick chooses a replica for a read that needs the watermark wm: a usable
 // replica already known to have replayed wm, rotating among those; else the
-// usable replica known to be least behind, unless its measured lag says it
-// cannot catch up within budget. Replicas whose bit is set in tried are
-// skipped. It returns nil when none will do. It does not allocate.
-func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) *node {
+// usable replica known to be least behind among those whose measured lag
+// lets them catch up within budget. When every usable replica is known to
+// be too far behind, it returns the least behind of them with hopeless set.
+// Replicas whose bit is set in tried are skipped. It returns nil when none
+// is usable. It does not allocate.
+func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) (best *node, hopeless bool) {
 	n := len(t.replicas)
 	if n == 0 {
-		return nil
+		return nil, false
 	}
 	now := time.Now().UnixNano()
 	start := int(t.next.Add(1)) % n
-	var best *node
+	var lost *node
 	for k := 0; k < n; k++ {
 		r := t.replicas[(start+k)%n]
 		if tried&(1<<uint(r.index%64)) != 0 || !r.usable(now) {
 			continue
 		}
 		if r.knownReplay() >= wm {
-			return r
+			return r, false
 		}
 		if t.hopeless(r, wm, budget, now) {
+			if lost == nil || r.knownReplay() > lost.knownReplay() {
+				lost = r
+			}
 			continue
 		}
 		if best == nil || r.knownReplay() > best.knownReplay() {
 			best = r
 		}
 	}
-	return best
+	if best == nil && lost != nil {
+		return lost, true
+	}
+	return best, false
 }
 
 // history remembers when the writer was seen at which WAL positions (from

@@ -1,0 +1,192 @@
+package pgtest
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"regexp"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PostgreSQL 19's WAIT FOR LSN is in no package these machines can install.
+// To run pgryw's WAIT FOR path end to end against real replicas anyway,
+// WaitForProxy sits in front of a PostgreSQL 15+ standby and rewrites each
+// simple-protocol query of the exact form pgryw sends,
+//
+//	WAIT FOR LSN '<lsn>' WITH (MODE 'standby_replay', TIMEOUT '<n>ms', NO_THROW)
+//
+// into a call of pgtest_wait_for(lsn, ms), a function installed by
+// InstallWaitFor that behaves like the real statement with NO_THROW: it
+// returns one text column, status, with 'success' once replay has reached
+// the position, 'timeout' when the time runs out, and 'not in recovery' on a
+// node that is not a standby. Everything else passes through untouched.
+//
+// The emulation polls inside a function, which the real server avoids (a
+// held snapshot can delay replay of cleanup records); that is acceptable for
+// tests whose tables see no vacuum conflicts, and it keeps the protocol
+// shape (one statement, one row, answered before the next query) exactly
+// that of PostgreSQL 19.
+
+const waitForFunction = `CREATE OR REPLACE FUNCTION pgtest_wait_for(target pg_lsn, ms int) RETURNS TABLE(status text)
+LANGUAGE plpgsql AS $$
+DECLARE deadline timestamptz := clock_timestamp() + ms * interval '1 millisecond';
+BEGIN
+  IF NOT pg_is_in_recovery() THEN status := 'not in recovery'; RETURN NEXT; RETURN; END IF;
+  LOOP
+    IF pg_last_wal_replay_lsn() >= target THEN status := 'success'; RETURN NEXT; RETURN; END IF;
+    IF clock_timestamp() >= deadline THEN status := 'timeout'; RETURN NEXT; RETURN; END IF;
+    PERFORM pg_sleep(0.0005);
+  END LOOP;
+END $$`
+
+// InstallWaitFor creates pgtest_wait_for on the writer (it replicates to the
+// standbys) and waits until every replica has it.
+func (c *Cluster) InstallWaitFor(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, c.WriterDSN())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, waitForFunction); err != nil {
+		return fmt.Errorf("pgtest: install pgtest_wait_for: %w", err)
+	}
+	return c.WaitCaughtUp(ctx)
+}
+
+var waitForRE = regexp.MustCompile(`^WAIT FOR LSN '([0-9A-F]{1,8}/[0-9A-F]{1,8})' WITH \(MODE 'standby_replay', TIMEOUT '([0-9]{1,9})ms', NO_THROW\)$`)
+
+// WaitForProxy is a loopback TCP proxy that emulates WAIT FOR LSN.
+type WaitForProxy struct {
+	ln     net.Listener
+	target string
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  map[net.Conn]bool
+	n      int64 // rewritten statements
+}
+
+// StartWaitForProxy listens on a free loopback port and forwards to target
+// ("host:port").
+func StartWaitForProxy(target string) (*WaitForProxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &WaitForProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr returns the proxy's "host:port".
+func (p *WaitForProxy) Addr() string { return p.ln.Addr().String() }
+
+// Rewritten returns how many WAIT FOR statements the proxy has emulated.
+func (p *WaitForProxy) Rewritten() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n
+}
+
+// Close stops the proxy and its connections.
+func (p *WaitForProxy) Close() error {
+	err := p.ln.Close()
+	p.mu.Lock()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return err
+}
+
+func (p *WaitForProxy) track(c net.Conn, on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if on {
+		p.conns[c] = true
+	} else {
+		delete(p.conns, c)
+	}
+}
+
+func (p *WaitForProxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.track(client, true)
+		p.track(server, true)
+		p.wg.Add(2)
+		go func() {
+			defer p.wg.Done()
+			io.Copy(client, server)
+			client.Close()
+			p.track(client, false)
+		}()
+		go func() {
+			defer p.wg.Done()
+			p.frontend(client, server)
+			server.Close()
+			p.track(server, false)
+		}()
+	}
+}
+
+// frontend copies client messages to the server, rewriting WAIT FOR.
+func (p *WaitForProxy) frontend(client, server net.Conn) {
+	// The startup message has no type byte: length first.
+	var hdr [5]byte
+	if _, err := io.ReadFull(client, hdr[:4]); err != nil {
+		return
+	}
+	n := int(binary.BigEndian.Uint32(hdr[:4]))
+	if n < 4 || n > 1<<20 {
+		return
+	}
+	start := make([]byte, n)
+	copy(start, hdr[:4])
+	if _, err := io.ReadFull(client, start[4:]); err != nil {
+		return
+	}
+	if _, err := server.Write(start); err != nil {
+		return
+	}
+	for {
+		if _, err := io.ReadFull(client, hdr[:]); err != nil {
+			return
+		}
+		n := int(binary.BigEndian.Uint32(hdr[1:]))
+		if n < 4 || n > 1<<30 {
+			return
+		}
+		body := make([]byte, n-4)
+		if _, err := io.ReadFull(client, body); err != nil {
+			return
+		}
+		if hdr[0] == 'Q' && len(body) > 0 {
+			if m := waitForRE.FindStringSubmatch(string(body[:len(body)-1])); m != nil {
+				q := fmt.Sprintf("SELECT status FROM pgtest_wait_for('%s', %s)", m[1], m[2])
+				body = append([]byte(q), 0)
+				binary.BigEndian.PutUint32(hdr[1:], uint32(len(body)+4))
+				p.mu.Lock()
+				p.n++
+				p.mu.Unlock()
+			}
+		}
+		if _, err := server.Write(append(hdr[:], body...)); err != nil {
+			return
+		}
+	}
+}

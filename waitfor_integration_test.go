@@ -1,0 +1,91 @@
+package pgryw_test
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/pgtest"
+)
+
+// openWaitForDB opens a pool whose replicas sit behind pgtest's WAIT FOR
+// emulation, so pgryw's PostgreSQL 19 path (WAIT FOR … NO_THROW in the same
+// flush as the read) runs against real standbys.
+func openWaitForDB(t *testing.T, extra string) (*sql.DB, *pgryw.Connector, []*pgtest.WaitForProxy) {
+	t.Helper()
+	pgtest.Require(t, cluster)
+	if err := cluster.InstallWaitFor(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var addrs []string
+	var proxies []*pgtest.WaitForProxy
+	for _, r := range cluster.ReplicaAddrs() {
+		p, err := pgtest.StartWaitForProxy(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		proxies = append(proxies, p)
+		addrs = append(addrs, p.Addr())
+	}
+	cfg, err := pgryw.ParseDSN(cluster.WriterDSN() + "&wait_method=wait_for&replicas=" + strings.Join(addrs, ",") + "&" + extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pgryw.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(c)
+	t.Cleanup(func() { db.Close() })
+	return db, c.(*pgryw.Connector), proxies
+}
+
+func rewritten(ps []*pgtest.WaitForProxy) (n int64) {
+	for _, p := range ps {
+		n += p.Rewritten()
+	}
+	return n
+}
+
+func TestIntegrationWaitForPath(t *testing.T) {
+	setDelay(t, 100*time.Millisecond)
+	t.Run("budget 1s", func(t *testing.T) {
+		db, c, ps := openWaitForDB(t, "wait_timeout=1s")
+		w := insertThenRead(t, db, newTable(t), workers, 50)
+		t.Logf("reads=%d stale=%d replica=%d waits=%d stats=%+v", w.reads.Load(), w.stale.Load(), w.onReplica.Load(), rewritten(ps), c.Stats())
+		if w.errs.Load() != 0 {
+			t.Fatalf("errors: %v", w.firstErr.Load())
+		}
+		if w.stale.Load() != 0 {
+			t.Fatalf("%d stale reads", w.stale.Load())
+		}
+		if share := float64(w.onReplica.Load()) / float64(w.reads.Load()); share < 0.95 {
+			t.Fatalf("only %.1f%% of reads served by replicas", share*100)
+		}
+		if rewritten(ps) == 0 {
+			t.Fatal("no WAIT FOR statement reached the replicas")
+		}
+	})
+	t.Run("budget 10ms", func(t *testing.T) {
+		db, c, _ := openWaitForDB(t, "wait_timeout=10ms")
+		w := insertThenRead(t, db, newTable(t), workers, 50)
+		t.Logf("reads=%d stale=%d replica=%d stats=%+v", w.reads.Load(), w.stale.Load(), w.onReplica.Load(), c.Stats())
+		if w.errs.Load() != 0 || w.stale.Load() != 0 {
+			t.Fatalf("errors=%d stale=%d", w.errs.Load(), w.stale.Load())
+		}
+		if share := float64(w.onReplica.Load()) / float64(w.reads.Load()); share > maxLuckyShare {
+			t.Fatalf("%.1f%% of reads served by replicas 100ms behind with a 10ms budget", share*100)
+		}
+	})
+	t.Run("on_timeout=error", func(t *testing.T) {
+		db, _, _ := openWaitForDB(t, "wait_timeout=10ms&on_timeout=error")
+		w := insertThenRead(t, db, newTable(t), workers, 20)
+		if w.stale.Load() != 0 || w.errs.Load() == 0 {
+			t.Fatalf("stale=%d errors=%d", w.stale.Load(), w.errs.Load())
+		}
+	})
+}
