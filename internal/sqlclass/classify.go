@@ -59,7 +59,9 @@ type Result struct {
 }
 
 // ReadOnly reports whether r may run on a replica, assuming every name in
-// r.Funcs is read-only.
+// r.Funcs is read-only. Transaction control (Tx != TxNone) is ReadOnly too
+// unless it sets Write or Pin: BEGIN, COMMIT and the like go wherever their
+// transaction is, so check Tx first.
 func (r Result) ReadOnly() bool { return !r.Write && !r.Pin }
 
 // TxOp is the transaction-control effect of a statement.
@@ -73,10 +75,10 @@ const (
 	TxBegin
 	// TxCommit: COMMIT, END, and PREPARE TRANSACTION (which ends the
 	// transaction block on the writer and is also reported as Write). With
-	// AND CHAIN a new transaction starts at once on the same connection, so
-	// the result is also Pin.
+	// AND CHAIN a new transaction starts at once on the same connection; the
+	// router sees that from the server's transaction status, so it is not Pin.
 	TxCommit
-	// TxRollback: ROLLBACK, ABORT. AND CHAIN sets Pin as for TxCommit.
+	// TxRollback: ROLLBACK, ABORT, with or without AND CHAIN.
 	TxRollback
 	// TxSavepoint: SAVEPOINT, RELEASE [SAVEPOINT], ROLLBACK TO [SAVEPOINT].
 	TxSavepoint
@@ -106,8 +108,12 @@ type Hint uint8
 // also the sqlcommenter spelling pgryw='primary') sets the hint; when both
 // appear, HintPrimary wins.
 const (
+	// HintNone: no hint comment.
 	HintNone Hint = iota
+	// HintPrimary: the caller asks for the writer.
 	HintPrimary
+	// HintReplica: the caller accepts a replica (what to do when the
+	// statement is not read-only is the router's decision).
 	HintReplica
 )
 
@@ -130,10 +136,9 @@ func (h Hint) String() string {
 // not understand.
 func Classify(sql string) Result {
 	var buf [128]stok
-	var lv [16]level
-	c := classifier{src: sql, toks: buf[:0], levels: lv[:0]}
-	c.lex(false)
-	res := c.run()
+	c := classifier{src: sql}
+	ts := c.lex(buf[:0], false)
+	res := c.run(ts)
 	if c.plainBackslash && c.bad == "" {
 		// With standard_conforming_strings off (a server, role or database
 		// setting the connection may inherit) a backslash escapes a quote in
@@ -141,10 +146,10 @@ func Classify(sql string) Result {
 		// and keep the stricter answer. A text that does not even lex that
 		// way is rejected whole by such a server, so it cannot do harm
 		// there and that reading is dropped.
-		c2 := classifier{src: sql, toks: buf[:0], levels: lv[:0]}
-		c2.lex(true)
+		c2 := classifier{src: sql}
+		ts = c2.lex(buf[:0], true)
 		if c2.bad == "" {
-			res = stricter(res, c2.run())
+			res = stricter(res, c2.run(ts))
 		}
 	}
 	return res
@@ -282,18 +287,20 @@ func (p *part) markPin(r string) {
 
 func writePart(r string) part { return part{write: true, reason: r} }
 
+// classifier holds what one reading of a text has found so far. Token and
+// parenthesis buffers are passed around as parameters rather than kept here,
+// so that they can live on the caller's stack.
 type classifier struct {
 	src            string
-	toks           []stok
 	hint           Hint
 	bad            string // set when the text cannot be trusted at all
 	funcs          []string
 	plainBackslash bool
-	levels         []level
 }
 
-// lex tokenizes the whole input, noting hints and errors.
-func (c *classifier) lex(scsOff bool) {
+// lex appends the significant tokens of the whole input to toks, noting
+// hints and errors.
+func (c *classifier) lex(toks []stok, scsOff bool) []stok {
 	l := lexer{src: c.src, scsOff: scsOff}
 	for {
 		t, ok := l.next()
@@ -316,12 +323,13 @@ func (c *classifier) lex(scsOff bool) {
 				st.flags = flagUnicode
 			}
 		}
-		c.toks = append(c.toks, st)
+		toks = append(toks, st)
 	}
 	c.plainBackslash = l.plainBackslash
 	if l.unicode {
-		c.mergeUescape()
+		toks = mergeUescape(toks)
 	}
+	return toks
 }
 
 func errorReason(src string, t Token) string {
@@ -346,8 +354,7 @@ func errorReason(src string, t Token) string {
 // mergeUescape folds "UESCAPE 'c'" into the preceding U& token, as the
 // server's parser does; otherwise the string after UESCAPE would sit between
 // a function name and its '(' and hide the call.
-func (c *classifier) mergeUescape() {
-	ts := c.toks
+func mergeUescape(ts []stok) []stok {
 	w := 0
 	for r := 0; r < len(ts); r++ {
 		t := ts[r]
@@ -359,7 +366,7 @@ func (c *classifier) mergeUescape() {
 		ts[w] = t
 		w++
 	}
-	c.toks = ts[:w]
+	return ts[:w]
 }
 
 // noteHint records a pgryw routing hint found in a comment.
@@ -409,14 +416,13 @@ func asciiEqualFold(a, b string) bool {
 }
 
 // run classifies every statement and combines the results.
-func (c *classifier) run() Result {
+func (c *classifier) run(ts []stok) Result {
 	res := Result{Hint: c.hint}
 	if c.bad != "" {
 		res.Write = true
 		res.Reason = c.bad
 		return res
 	}
-	ts := c.toks
 	n, anyTx := 0, false
 	for start := 0; start < len(ts); {
 		end := stmtEnd(ts, start)
@@ -443,11 +449,12 @@ func (c *classifier) run() Result {
 		return res
 	}
 	if n > 1 && anyTx {
-		// The router tracks transactions one statement at a time; a string
-		// that opens or closes one among other statements leaves it unable
-		// to tell where the connection's transaction stands, so keep the
-		// connection on the writer for good.
-		res.Write, res.Pin = true, true
+		// A string that opens or closes a transaction among other statements
+		// runs on the writer, and whether it may have committed a write
+		// cannot be told from its first statement: report it as a write. The
+		// router learns whether it left a block open from the server's
+		// transaction status, so it need not pin the connection.
+		res.Write = true
 		res.Reason = "transaction control in a multi-statement string"
 	}
 	if len(c.funcs) > 0 {
@@ -546,7 +553,7 @@ func (c *classifier) stmt(ts []stok, depth int) part {
 			return writePart("COMMIT PREPARED")
 		}
 		if chained(ts) {
-			return part{tx: TxCommit, pin: true, reason: "COMMIT AND CHAIN"}
+			return part{tx: TxCommit, reason: "COMMIT AND CHAIN"}
 		}
 		return part{tx: TxCommit, reason: "COMMIT"}
 	case kwRollback, kwAbort:
@@ -563,7 +570,7 @@ func (c *classifier) stmt(ts []stok, depth int) part {
 			}
 		}
 		if chained(ts) {
-			return part{tx: TxRollback, pin: true, reason: "ROLLBACK AND CHAIN"}
+			return part{tx: TxRollback, reason: "ROLLBACK AND CHAIN"}
 		}
 		return part{tx: TxRollback, reason: "ROLLBACK"}
 	case kwSavepoint:
@@ -709,7 +716,7 @@ func (c *classifier) explain(ts []stok, depth int) part {
 	case kwVerbose:
 		i = 2
 	}
-	if i == 1 && kindAt(ts, 1) == TokLParen {
+	if i == 1 && kindAt(ts, 1) == TokLParen && !startsQuery(ts, 2) {
 		close := matchParen(ts, 1)
 		if close < 0 {
 			return writePart("EXPLAIN")
@@ -747,6 +754,25 @@ func (c *classifier) explain(ts []stok, depth int) part {
 		}
 	}
 	return part{reason: "EXPLAIN"}
+}
+
+// startsQuery reports whether ts[i] can begin a query, which tells
+// "EXPLAIN (SELECT ...)" from an option list: none of these words can name
+// an EXPLAIN option followed by what a query has next.
+func startsQuery(ts []stok, i int) bool {
+	switch {
+	case kindAt(ts, i) == TokLParen:
+		return true
+	case kindAt(ts, i) != TokIdent:
+		return false
+	}
+	switch ts[i].kw {
+	case kwSelect, kwWith, kwTable:
+		return true
+	case kwValues:
+		return kindAt(ts, i+1) == TokLParen
+	}
+	return false
 }
 
 // explainAnalyzeOption reports whether an EXPLAIN option list turns ANALYZE

@@ -25,7 +25,8 @@ func (c *classifier) query(ts []stok) part {
 	case kwValues, kwTable:
 		p.reason = ts[0].kw.upper()
 	}
-	levels := append(c.levels[:0], level{})
+	var buf [16]level
+	levels := append(buf[:0], level{})
 	for i := 0; i < len(ts); i++ {
 		t := &ts[i]
 		cur := len(levels) - 1
@@ -50,7 +51,6 @@ func (c *classifier) query(ts []stok) part {
 			}
 			if len(levels) > maxParenDepth {
 				p.markWrite("nested too deeply")
-				c.levels = levels[:0]
 				return p
 			}
 			levels = append(levels, lv)
@@ -72,7 +72,6 @@ func (c *classifier) query(ts []stok) part {
 	if len(levels) != 1 {
 		p.markWrite("unbalanced parentheses")
 	}
-	c.levels = levels[:0]
 	return p
 }
 
