@@ -136,6 +136,11 @@ func insertThenRead(t *testing.T, db *sql.DB, table string, workers, iterations 
 const (
 	workers    = 8
 	iterations = 200
+	// maxLuckyShare bounds the reads a replica 100ms behind may serve under
+	// a 10ms budget. It is not zero: a worker descheduled for 100ms between
+	// its insert and its read (2 cores, 8 workers, 3 servers) finds the
+	// replica caught up, and serving that read from the replica is right.
+	maxLuckyShare = 0.05
 )
 
 func TestIntegrationReadYourWrites(t *testing.T) {
@@ -165,10 +170,7 @@ func TestIntegrationShortBudgetReadsWriter(t *testing.T) {
 	if w.stale.Load() != 0 {
 		t.Fatalf("%d stale reads", w.stale.Load())
 	}
-	// A replica may legitimately serve a read whose insert committed more
-	// than ~90ms earlier (a worker descheduled between its insert and its
-	// read); what must never happen is a wait that holds out for the replica.
-	if share := float64(w.onReplica.Load()) / float64(w.reads.Load()); share > 0.01 {
+	if share := float64(w.onReplica.Load()) / float64(w.reads.Load()); share > maxLuckyShare {
 		t.Fatalf("%.1f%% of reads served by replicas 100ms behind with a 10ms budget", share*100)
 	}
 }
@@ -274,13 +276,30 @@ func TestIntegrationTransactionsAndSessions(t *testing.T) {
 			if err := rtx.Commit(); err != nil {
 				t.Fatal(err)
 			}
+			// Blocks managed with Exec'd BEGIN/COMMIT, a multi-statement
+			// string with its own block, and COMMIT AND CHAIN.
+			for i, steps := range [][]string{
+				{"BEGIN", "UPDATE " + table + " SET v = 20 WHERE id = 1", "COMMIT"},
+				{"BEGIN; UPDATE " + table + " SET v = 21 WHERE id = 1; COMMIT"},
+				{"BEGIN; UPDATE " + table + " SET v = 22 WHERE id = 1; COMMIT AND CHAIN", "COMMIT"},
+			} {
+				for _, q := range steps {
+					if _, err := conn.ExecContext(ctx, q); err != nil {
+						t.Fatalf("%s: %v", q, err)
+					}
+				}
+				if v, onReplica := read(conn, 1); v != 20+i || !onReplica {
+					t.Fatalf("after %q: v=%d onReplica=%v", steps, v, onReplica)
+				}
+			}
+
 			if scope == "db" {
 				// The pool-wide watermark covers db.Exec then db.Query on
 				// whatever connections the pool hands out.
-				if _, err := db.ExecContext(ctx, "UPDATE "+table+" SET v = 13 WHERE id = 1"); err != nil {
+				if _, err := db.ExecContext(ctx, "UPDATE "+table+" SET v = 30 WHERE id = 1"); err != nil {
 					t.Fatal(err)
 				}
-				if v, _ := read(db, 1); v != 13 {
+				if v, _ := read(db, 1); v != 30 {
 					t.Fatalf("db scope: v=%d", v)
 				}
 			}

@@ -2,6 +2,8 @@ package pgryw_test
 
 import (
 	"database/sql"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,4 +54,56 @@ func BenchmarkNoReplicasOverhead(b *testing.B) {
 	b.ReportMetric(float64(tPlain.Nanoseconds())/float64(b.N), "pgx-ns/op")
 	b.ReportMetric(float64(tRyw.Nanoseconds())/float64(b.N), "pgryw-ns/op")
 	b.ReportMetric(float64(tRyw)/float64(tPlain), "pgryw/pgx")
+}
+
+// BenchmarkWriteOverhead runs the same autocommit insert through pgx's
+// driver and through pgryw with replicas (which reads the writer's WAL
+// position in the same flush), alternating in one loop, and reports pgryw's
+// time as a ratio of pgx's.
+func BenchmarkWriteOverhead(b *testing.B) {
+	pgtest.Require(b, cluster)
+	plain, err := sql.Open("pgx", cluster.WriterDSN())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer plain.Close()
+	ryw, err := sql.Open("pgryw", cluster.WriterDSN()+"&replicas="+strings.Join(cluster.ReplicaAddrs(), ","))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ryw.Close()
+	if _, err := plain.Exec("CREATE TABLE IF NOT EXISTS bench_w (id bigserial PRIMARY KEY, v int)"); err != nil {
+		b.Fatal(err)
+	}
+	const q = "INSERT INTO bench_w (v) VALUES ($1)"
+	run := func(db *sql.DB) time.Duration {
+		start := time.Now()
+		if _, err := db.Exec(q, 1); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	for i := 0; i < 100; i++ {
+		run(plain)
+		run(ryw)
+	}
+	var tPlain, tRyw []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%2 == 0 {
+			tPlain = append(tPlain, run(plain))
+			tRyw = append(tRyw, run(ryw))
+		} else {
+			tRyw = append(tRyw, run(ryw))
+			tPlain = append(tPlain, run(plain))
+		}
+	}
+	p50 := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Nanoseconds())
+	}
+	pp, pr := p50(tPlain), p50(tRyw)
+	b.ReportMetric(pp, "pgx-p50-ns")
+	b.ReportMetric(pr, "pgryw-p50-ns")
+	b.ReportMetric(pr/pp, "pgryw/pgx-p50")
 }
