@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pgryw/pgryw/internal/wire"
 )
@@ -22,6 +23,10 @@ type backend struct {
 	pg   *pgconn.PgConn // nil for test doubles
 	wire *wire.Conn     // nil when pgryw's statements cannot ride along
 	inj  wire.Injection // reused for every ride-along statement
+	msgs []byte         // its messages' buffer
+
+	// Names of pgryw's statements prepared on this connection.
+	prepared map[string]bool
 	node *node
 
 	major int // server major version; 0 when unknown
@@ -153,3 +158,38 @@ func firstWords(q string) string {
 }
 
 func (b *backend) close() error { return b.conn.Close() }
+
+// injectPrepared readies b's ride-along statement as an extended-protocol
+// execution of sql, prepared under name on first use on this connection
+// (Parse then, Bind/Execute/Sync every time): the server skips parse and
+// plan, which a simple Query pays on every write.
+func (b *backend) injectPrepared(name, sql string) *wire.Injection {
+	buf := b.msgs[:0]
+	if !b.prepared[name] {
+		buf, _ = (&pgproto3.Parse{Name: name, Query: sql}).Encode(buf)
+		if b.prepared == nil {
+			b.prepared = map[string]bool{}
+		}
+		b.prepared[name] = true
+	}
+	buf, _ = (&pgproto3.Bind{PreparedStatement: name}).Encode(buf)
+	buf, _ = (&pgproto3.Execute{}).Encode(buf)
+	buf, _ = (&pgproto3.Sync{}).Encode(buf)
+	b.msgs = buf
+	b.inj.ResetMessages(buf)
+	return &b.inj
+}
+
+// injectionFailed notes a ride-along statement's error: a prepared statement
+// that is gone (DEALLOCATE ALL, DISCARD ALL) is prepared again next time.
+func (b *backend) injectionFailed(name string, err error) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "26000": // invalid_sql_statement_name
+			delete(b.prepared, name)
+		case "42P05": // duplicate_prepared_statement
+			b.prepared[name] = true
+		}
+	}
+}

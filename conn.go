@@ -225,9 +225,9 @@ func (cn *Conn) armCapture(cls *sqlclass.Result) *wire.Injection {
 	if !w.idle() && cls.Tx != sqlclass.TxCommit {
 		return nil
 	}
-	w.inj.Reset(sqlCapture)
-	w.wire.AppendAfterExec(&w.inj)
-	return &w.inj
+	inj := w.injectPrepared(stmtCapture, sqlCapture)
+	w.wire.AppendAfterExec(inj)
+	return inj
 }
 
 // afterWriter updates the connection after a statement ran on the writer:
@@ -276,6 +276,9 @@ func (cn *Conn) afterWriter(ctx context.Context, cls *sqlclass.Result, err error
 	// a position read after it covers it.
 	if !cn.c.cfg.ReadYourWrites || !commits {
 		return
+	}
+	if inj != nil && inj.Err() != nil {
+		w.injectionFailed(stmtCapture, inj.Err())
 	}
 	if inj != nil && inj.Sent() && inj.Err() == nil {
 		if row, null := inj.Row(); len(row) == 2 && !null[0] {
@@ -509,6 +512,33 @@ func (cn *Conn) behind(n *node, wm lsn.LSN) error {
 	return errUseWriter
 }
 
+// attempt is one read on one replica: its answer, until used or discarded.
+type attempt struct {
+	b       *backend
+	run     func(*backend) (func(), error)
+	discard func()
+	ran     bool
+	err     error
+}
+
+func (a *attempt) read() {
+	a.discard, a.err = a.run(a.b)
+	a.ran = true
+}
+
+// drop discards the answer, whatever it was.
+func (a *attempt) drop() {
+	if a.discard != nil {
+		a.discard()
+	}
+	a.discard, a.err, a.ran = nil, nil, false
+}
+
+// pipelinedAttempts bounds how many times a read is sent along with a check
+// that then fails: each failure wastes one execution of the read, so after
+// these, pgryw polls alone and sends the read once the replica is there.
+const pipelinedAttempts = 4
+
 // onReplica runs a read on a replica that has replayed the session's
 // watermark. When a replica is not known to have, its check (a replay
 // position poll, or WAIT FOR on PostgreSQL 19) rides in the same flush as
@@ -539,46 +569,20 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		if err != nil {
 			return false, err
 		}
-		var (
-			discard func()
-			ran     bool
-			readErr error
-			chkErr  error
-			res     = waitOK
-		)
-		read := func() {
-			discard, readErr = run(b)
-			ran = true
-		}
-		drop := func() {
-			if discard != nil {
-				discard()
-			}
-			discard, readErr, ran = nil, nil, false
-		}
+		a := attempt{b: b, run: run}
+		res, chkErr := waitOK, error(nil)
 		switch {
 		case check && b.wire != nil:
-			inj := cn.c.armCheck(b, wm)
-			read()
-			b.wire.Disarm()
-			res, chkErr = cn.c.checked(b, inj, wm)
+			res, chkErr = cn.pipelined(ctx, &a, wm)
 		case check:
 			if res, chkErr = cn.c.waitReplica(ctx, b, wm); chkErr == nil && res == waitOK {
-				read()
+				a.read()
 			}
 		default:
-			read()
-		}
-		if chkErr == nil && res == waitBehind {
-			// Polling (before PostgreSQL 19): the replica was behind when
-			// checked but may catch up within the budget. Wait, then read again.
-			drop()
-			if res, chkErr = cn.c.waitReplica(ctx, b, wm); chkErr == nil && res == waitOK {
-				read()
-			}
+			a.read()
 		}
 		if chkErr != nil {
-			drop()
+			a.drop()
 			if ctx.Err() != nil {
 				return false, ctx.Err()
 			}
@@ -593,21 +597,21 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		}
 		switch res {
 		case waitNotStandby:
-			drop()
+			a.drop()
 			continue
 		case waitTimeout, waitBehind:
 			if perr := cn.behind(b.node, wm); perr != nil {
-				drop()
+				a.drop()
 				if perr == errUseWriter {
 					return cn.toWriter(), nil
 				}
 				return false, perr
 			}
-			if !ran {
-				read() // on_timeout=stale
+			if !a.ran {
+				a.read() // on_timeout=stale
 			}
 		}
-		if readErr == nil {
+		if a.err == nil {
 			if !b.stillStandby() {
 				// Promoted after this read was answered: the answer stands
 				// (it has everything the node replayed), the node does not.
@@ -622,23 +626,64 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			return false, nil
 		}
 		if ctx.Err() != nil {
-			return false, readErr
+			return false, a.err
 		}
 		var pgErr *pgconn.PgError
-		if errors.As(readErr, &pgErr) {
+		if errors.As(a.err, &pgErr) {
 			if pgErr.Code == "25006" {
 				cn.c.classes.learnWrite(query)
 				*cls = cn.c.classes.get(query)
 				return true, nil
 			}
-			return false, readErr
+			return false, a.err
 		}
-		if b.closed() || errors.Is(readErr, driver.ErrBadConn) || pgconn.SafeToRetry(readErr) {
+		if b.closed() || errors.Is(a.err, driver.ErrBadConn) || pgconn.SafeToRetry(a.err) {
 			cn.dropReplica(b)
 			b.node.markDown()
 			continue
 		}
-		return false, readErr
+		return false, a.err
+	}
+}
+
+// pipelined sends the read with its check in one flush and, while a polled
+// replica is merely behind, tries again within the budget: with the check
+// for the first few tries (so the answer costs no extra round trip when the
+// replica gets there), then polling alone and reading once it is there. With
+// WAIT FOR the server does the waiting, so one try says it all.
+func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResult, error) {
+	b := a.b
+	deadline := time.Now().Add(cn.c.cfg.WaitTimeout)
+	for i := 0; ; i++ {
+		if i < pipelinedAttempts || cn.c.useWaitFor(b) {
+			inj := cn.c.armCheck(b, wm)
+			a.read()
+			b.wire.Disarm()
+			res, err := cn.c.checked(b, inj, wm)
+			if err != nil || res != waitBehind {
+				return res, err
+			}
+		} else {
+			res, err := cn.c.pollOnce(ctx, b, wm)
+			if err != nil || res != waitBehind {
+				if err == nil && res == waitOK {
+					a.read()
+				}
+				return res, err
+			}
+		}
+		a.drop()
+		left := time.Until(deadline)
+		if left <= 0 {
+			cn.c.stats.waitTimeouts.Add(1)
+			return waitTimeout, nil
+		}
+		if i == 0 {
+			cn.c.stats.waits.Add(1)
+		}
+		if err := sleepCtx(ctx, min(cn.c.pollDelay(b.node, wm, i), left)); err != nil {
+			return waitTimeout, err
+		}
 	}
 }
 

@@ -187,18 +187,24 @@ func (n *node) setLag(d, at int64) {
 // the writer without trying the replica.
 const lagFresh = int64(time.Second)
 
-// hopeless reports that n, at its last measured lag, cannot replay wm within
-// budget: wm was first seen on the writer at T, so n gets there at about
-// T+lag at the earliest. Reads then go to the writer at once instead of
-// holding a replica connection for the whole budget.
-func (t *topology) hopeless(n *node, wm lsn.LSN, budget time.Duration, now int64) bool {
+// eta returns when n is expected to have replayed wm, by its last measured
+// lag: wm was first seen on the writer at T, so n gets there at about T+lag
+// at the earliest. ok is false without a fresh lag or a known T.
+func (t *topology) eta(n *node, wm lsn.LSN) (at int64, ok bool) {
 	lagAt := n.lagAt.Load()
-	if lagAt == 0 || now-lagAt > lagFresh {
-		return false
+	if lagAt == 0 || time.Now().UnixNano()-lagAt > lagFresh {
+		return 0, false
 	}
 	T, ok := t.hist.firstAfter(wm, false)
 	if !ok {
-		return false
+		return 0, false
 	}
-	return T+n.lag.Load()-now > int64(budget)
+	return T + n.lag.Load(), true
+}
+
+// hopeless reports that n, at its last measured lag, cannot replay wm within
+// budget. Reads then do not hold a replica connection for the whole budget.
+func (t *topology) hopeless(n *node, wm lsn.LSN, budget time.Duration, now int64) bool {
+	eta, ok := t.eta(n, wm)
+	return ok && eta-now > int64(budget)
 }

@@ -173,72 +173,109 @@ func (c *Connector) waitFor(ctx context.Context, b *backend, target lsn.LSN, bud
 	return waitTimeout, fmt.Errorf("pgryw: WAIT FOR returned unknown status %q", clip(row[0]))
 }
 
-// Poll backoff: start short, because on a healthy replica the position
-// arrives within a millisecond or two, and cap it so a slow replica is not
-// hammered.
+// Polling backoff (before PostgreSQL 19): start short, because on a healthy
+// replica the position arrives within a millisecond, and stay short, because
+// every millisecond of overshoot is added to the read. When the replica's lag
+// has been measured, the first poll waits until the replica is expected to be
+// there.
 const (
-	pollFirst = 500 * time.Microsecond
-	pollMax   = 20 * time.Millisecond
+	pollFirst = 200 * time.Microsecond
+	pollMax   = 5 * time.Millisecond
 )
+
+// pollDelay is how long to wait before asking replica n again, after
+// attempt earlier tries, whether it has replayed wm. With a measured lag it
+// sleeps until the replica is expected there and then asks at the shortest
+// interval (the estimate is a lower bound, so the answer is near); without
+// one it backs off exponentially up to pollMax.
+func (c *Connector) pollDelay(n *node, wm lsn.LSN, attempt int) time.Duration {
+	if eta, ok := c.topo.eta(n, wm); ok {
+		return max(time.Duration(eta-time.Now().UnixNano()), pollFirst)
+	}
+	if attempt >= 8 {
+		return pollMax
+	}
+	return min(pollFirst<<attempt, pollMax)
+}
+
+// sleepCtx sleeps for d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// pollOnce asks replica b once whether it has replayed target.
+func (c *Connector) pollOnce(ctx context.Context, b *backend, target lsn.LSN) (waitResult, error) {
+	row, err := b.control(ctx, sqlPoll)
+	if err != nil {
+		return waitTimeout, err
+	}
+	return c.pollAnswer(b, row, target)
+}
+
+// pollAnswer reads sqlPoll's row.
+func (c *Connector) pollAnswer(b *backend, row []string, target lsn.LSN) (waitResult, error) {
+	if len(row) < 2 || row[1] != "t" {
+		b.node.notStandby.Store(true)
+		return waitNotStandby, nil
+	}
+	if row[0] == "\x00null" {
+		return waitBehind, nil
+	}
+	l, err := lsn.Parse(row[0])
+	if err != nil {
+		return waitTimeout, fmt.Errorf("pgryw: replica returned an unreadable replay position: %w", err)
+	}
+	c.topo.observe(b.node, l, time.Now().UnixNano())
+	if l >= target {
+		return waitOK, nil
+	}
+	return waitBehind, nil
+}
 
 func (c *Connector) poll(ctx context.Context, b *backend, target lsn.LSN, budget time.Duration) (waitResult, error) {
 	deadline := time.Now().Add(budget)
-	delay := pollFirst
-	var timer *time.Timer
-	for {
-		row, err := b.control(ctx, sqlPoll)
-		if err != nil {
-			return waitTimeout, err
-		}
-		if len(row) < 2 || row[1] != "t" {
-			return waitNotStandby, nil
-		}
-		if row[0] != "\x00null" {
-			l, err := lsn.Parse(row[0])
-			if err != nil {
-				return waitTimeout, fmt.Errorf("pgryw: replica returned an unreadable replay position: %w", err)
-			}
-			c.topo.observe(b.node, l, time.Now().UnixNano())
-			if l >= target {
-				return waitOK, nil
-			}
+	for attempt := 0; ; attempt++ {
+		res, err := c.pollOnce(ctx, b, target)
+		if err != nil || res != waitBehind {
+			return res, err
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			return waitTimeout, nil
 		}
-		if delay > left {
-			delay = left
-		}
-		if timer == nil {
-			timer = time.NewTimer(delay)
-			defer timer.Stop()
-		} else {
-			timer.Reset(delay)
-		}
-		select {
-		case <-ctx.Done():
-			return waitTimeout, ctx.Err()
-		case <-timer.C:
-		}
-		if delay *= 2; delay > pollMax {
-			delay = pollMax
+		if err := sleepCtx(ctx, min(c.pollDelay(b.node, target, attempt), left)); err != nil {
+			return waitTimeout, err
 		}
 	}
 }
 
+// Names of pgryw's prepared statements on server connections.
+const (
+	stmtCapture = "pgryw_capture"
+	stmtPoll    = "pgryw_poll"
+)
+
 // armCheck puts a replica's catch-up check in front of the read about to be
-// sent on b: WAIT FOR LSN on PostgreSQL 19 and later, else a replay position
-// poll. Both are answered before the read runs, in the same round trip.
+// sent on b: WAIT FOR LSN on PostgreSQL 19 and later (a utility statement
+// with literals, so a simple Query), else a replay position poll. Both are
+// answered before the read runs, in the same round trip.
 func (c *Connector) armCheck(b *backend, wm lsn.LSN) *wire.Injection {
+	inj := &b.inj
 	if c.useWaitFor(b) {
 		c.stats.waits.Add(1)
-		b.inj.Reset(waitForSQL(wm, c.cfg.WaitTimeout))
+		inj.Reset(waitForSQL(wm, c.cfg.WaitTimeout))
 	} else {
-		b.inj.Reset(sqlPoll)
+		inj = b.injectPrepared(stmtPoll, sqlPoll)
 	}
-	b.wire.Prefix(&b.inj)
-	return &b.inj
+	b.wire.Prefix(inj)
+	return inj
 }
 
 // errCheckLost: the connection failed before the check's answer arrived.
@@ -253,11 +290,17 @@ func (c *Connector) checked(b *backend, inj *wire.Injection, wm lsn.LSN) (waitRe
 		return waitTimeout, errCheckLost
 	}
 	if err := inj.Err(); err != nil {
+		if inj.Msgs != nil {
+			// Our prepared poll is gone or clashed: nothing is wrong with
+			// the replica; check the slow way this time.
+			b.injectionFailed(stmtPoll, err)
+			return waitBehind, nil
+		}
 		return waitTimeout, err
 	}
 	row, null := inj.Row()
-	now := time.Now().UnixNano()
 	if c.useWaitFor(b) {
+		now := time.Now().UnixNano()
 		if len(row) != 1 {
 			return waitTimeout, errCheckLost
 		}
@@ -277,22 +320,10 @@ func (c *Connector) checked(b *backend, inj *wire.Injection, wm lsn.LSN) (waitRe
 	if len(row) != 2 {
 		return waitTimeout, errCheckLost
 	}
-	if row[1] != "t" {
-		b.node.notStandby.Store(true)
-		return waitNotStandby, nil
+	if null[0] && row[1] == "t" {
+		return waitBehind, nil // a standby that has replayed nothing yet
 	}
-	if null[0] {
-		return waitBehind, nil
-	}
-	l, err := lsn.Parse(row[0])
-	if err != nil {
-		return waitTimeout, fmt.Errorf("pgryw: replica returned an unreadable replay position: %w", err)
-	}
-	c.topo.observe(b.node, l, now)
-	if l >= wm {
-		return waitOK, nil
-	}
-	return waitBehind, nil
+	return c.pollAnswer(b, row, wm)
 }
 
 // configError returns err when a failed wait points at a configuration

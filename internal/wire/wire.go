@@ -28,9 +28,14 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
-// Injection is one of pgryw's statements and, once Done, its answer.
+// Injection is one of pgryw's statements and, once Done, its answer. It is
+// sent as a simple-protocol Query of SQL, or, when Msgs is set, as those
+// frontend messages verbatim (which must end in exactly one Sync: an
+// extended-protocol Bind/Execute/Sync of a statement prepared once per
+// connection skips the parse and plan a Query costs every time).
 type Injection struct {
-	SQL string
+	SQL  string
+	Msgs []byte
 
 	sent bool
 	done bool
@@ -59,6 +64,18 @@ func (in *Injection) Err() error {
 // Reset readies in for reuse with a new SQL text.
 func (in *Injection) Reset(sql string) {
 	*in = Injection{SQL: sql, row: in.row[:0], null: in.null[:0]}
+}
+
+// ResetMessages readies in for reuse with prebuilt frontend messages.
+func (in *Injection) ResetMessages(msgs []byte) {
+	*in = Injection{Msgs: msgs, row: in.row[:0], null: in.null[:0]}
+}
+
+func (in *Injection) appendTo(buf []byte) []byte {
+	if in.Msgs != nil {
+		return append(buf, in.Msgs...)
+	}
+	return appendQuery(buf, in.SQL)
 }
 
 // segment is the server's answer to one Query or Sync, ending with its
@@ -133,7 +150,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	buf := c.wbuf[:0]
 	if c.prefix != nil {
-		buf = appendQuery(buf, c.prefix.SQL)
+		buf = c.prefix.appendTo(buf)
 		c.prefix.sent = true
 		c.queue = append(c.queue, segment{strip: true, inj: c.prefix})
 		c.prefix = nil
@@ -143,7 +160,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 		c.queue = append(c.queue, segment{})
 	}
 	if c.suffix != nil && exec {
-		buf = appendQuery(buf, c.suffix.SQL)
+		buf = c.suffix.appendTo(buf)
 		c.suffix.sent = true
 		c.queue = append(c.queue, segment{strip: true, inj: c.suffix})
 		c.suffix = nil
