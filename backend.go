@@ -27,7 +27,7 @@ type backend struct {
 
 	// Names of pgryw's statements prepared on this connection.
 	prepared map[string]bool
-	node *node
+	node     *node
 
 	major int // server major version; 0 when unknown
 
