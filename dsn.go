@@ -405,10 +405,12 @@ func (c *Config) FormatDSN() string {
 		pairs = append(pairs, dsnPair{"read_functions", strings.Join(c.ReadFunctions, ",")})
 	}
 	var b strings.Builder
-	b.WriteString(c.Writer)
 	if isURL(c.Writer) {
+		// Keys go into the query string, ahead of any #fragment.
+		base, frag, _ := strings.Cut(c.Writer, "#")
+		b.WriteString(base)
 		sep := "?"
-		if strings.Contains(c.Writer, "?") {
+		if strings.Contains(base, "?") {
 			sep = "&"
 		}
 		for _, p := range pairs {
@@ -418,8 +420,13 @@ func (c *Config) FormatDSN() string {
 			b.WriteString(url.QueryEscape(p.value))
 			sep = "&"
 		}
+		if strings.Contains(c.Writer, "#") {
+			b.WriteByte('#')
+			b.WriteString(frag)
+		}
 		return b.String()
 	}
+	b.WriteString(c.Writer)
 	for _, p := range pairs {
 		if b.Len() > 0 {
 			b.WriteByte(' ')
@@ -548,9 +555,14 @@ func splitKeywordValue(dsn string) (string, []dsnPair, error) {
 				i++
 			}
 		}
-		if isDSNKey(key) {
+		switch {
+		case isDSNKey(key):
 			pairs = append(pairs, dsnPair{key, val.String()})
-		} else {
+		case val.Len() == 0 && dsn[i-1] != '\'':
+			// An empty unquoted value ends the string; once pgryw's keys
+			// follow it, it would swallow the next one. Quote it.
+			kept = append(kept, key+"=''")
+		default:
 			kept = append(kept, dsn[start:i])
 		}
 	}

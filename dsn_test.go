@@ -30,6 +30,8 @@ var dsnCases = []struct {
 	{dsn: "host=h read_functions=f,public.g write_functions=Audit", writer: "host=h",
 		want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, ReadFunctions: []string{"f", "public.g"}, WriteFunctions: []string{"audit"}}},
 	{dsn: "", writer: "", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
+	// Found by FuzzParseDSN: an empty value must not swallow the keys FormatDSN appends.
+	{dsn: "on_timeout=stale 0=", writer: "0=''", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, OnTimeout: OnTimeoutStale}},
 
 	{dsn: "host=h on_timeout=later", errHas: []string{"on_timeout", "later", "primary, error, stale"}},
 	{dsn: "host=h read_your_writes=maybe", errHas: []string{"read_your_writes", "on, off"}},

@@ -8,6 +8,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -23,6 +24,11 @@ import (
 var cluster *pgtest.Cluster
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
+		// A fuzzing run (and each of its worker processes) needs no servers.
+		os.Exit(m.Run())
+	}
 	os.Exit(pgtest.Main(m, pgtest.Options{Replicas: 2}, func(c *pgtest.Cluster) { cluster = c }))
 }
 

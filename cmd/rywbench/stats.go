@@ -1,0 +1,117 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/pgryw/pgryw"
+)
+
+// sample is one measured iteration: an insert and the read that follows it.
+type sample struct {
+	write, read time.Duration
+	stale       bool  // row missing or carrying the wrong value
+	onReplica   bool  // inet_server_port() differed from the writer's
+	err         error // the iteration failed; no read is counted
+}
+
+// result accumulates one strategy's samples over all rounds.
+type result struct {
+	name      string
+	reads     int
+	stale     int
+	onReplica int
+	errors    int
+	firstErr  error
+	readLat   []time.Duration
+	writeLat  []time.Duration
+	pgrywDiff *pgryw.Stats // pgryw only: Stats over the measured iterations
+}
+
+func (r *result) add(s sample) {
+	if s.err != nil {
+		r.errors++
+		if r.firstErr == nil {
+			r.firstErr = s.err
+		}
+		return
+	}
+	r.reads++
+	if s.stale {
+		r.stale++
+	}
+	if s.onReplica {
+		r.onReplica++
+	}
+	r.readLat = append(r.readLat, s.read)
+	r.writeLat = append(r.writeLat, s.write)
+}
+
+// summary is what the table and the JSON report show for one strategy.
+type summary struct {
+	Name         string       `json:"strategy"`
+	Reads        int          `json:"reads"`
+	Stale        int          `json:"stale"`
+	Errors       int          `json:"errors"`
+	FirstError   string       `json:"first_error,omitempty"`
+	ReplicaShare float64      `json:"replica_share"`
+	ReadP50      float64      `json:"read_p50_ms"`
+	ReadP95      float64      `json:"read_p95_ms"`
+	ReadP99      float64      `json:"read_p99_ms"`
+	WriteP50     float64      `json:"write_p50_ms"`
+	PgrywStats   *pgryw.Stats `json:"pgryw_stats,omitempty"`
+}
+
+func (r *result) summarize() summary {
+	s := summary{Name: r.name, Reads: r.reads, Stale: r.stale, Errors: r.errors, PgrywStats: r.pgrywDiff}
+	if r.firstErr != nil {
+		s.FirstError = r.firstErr.Error()
+	}
+	if r.reads > 0 {
+		s.ReplicaShare = float64(r.onReplica) / float64(r.reads)
+	}
+	slices.Sort(r.readLat)
+	slices.Sort(r.writeLat)
+	s.ReadP50 = ms(percentile(r.readLat, 0.50))
+	s.ReadP95 = ms(percentile(r.readLat, 0.95))
+	s.ReadP99 = ms(percentile(r.readLat, 0.99))
+	s.WriteP50 = ms(percentile(r.writeLat, 0.50))
+	return s
+}
+
+// percentile returns the nearest-rank p-quantile of sorted durations (0 for
+// none).
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[max(i, 0)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// fmtMS formats milliseconds for the table.
+func fmtMS(v float64) string {
+	if v >= 100 {
+		return fmt.Sprintf("%.0fms", v)
+	}
+	return fmt.Sprintf("%.2fms", v)
+}
+
+// statsDiff returns a - b, field by field.
+func statsDiff(a, b pgryw.Stats) pgryw.Stats {
+	return pgryw.Stats{
+		ReplicaReads:   a.ReplicaReads - b.ReplicaReads,
+		WriterReads:    a.WriterReads - b.WriterReads,
+		Fallbacks:      a.Fallbacks - b.Fallbacks,
+		StaleReads:     a.StaleReads - b.StaleReads,
+		BehindErrors:   a.BehindErrors - b.BehindErrors,
+		Waits:          a.Waits - b.Waits,
+		WaitTimeouts:   a.WaitTimeouts - b.WaitTimeouts,
+		Captures:       a.Captures - b.Captures,
+		CaptureFailure: a.CaptureFailure - b.CaptureFailure,
+	}
+}
