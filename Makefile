@@ -2,7 +2,7 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: test unit vet fuzz difftest demo bench postgres
+.PHONY: test unit vet fuzz fuzz-all difftest demo bench postgres
 
 test: postgres vet
 	$(GO) test -race -count=1 ./...
@@ -23,9 +23,14 @@ unit:
 difftest:
 	cd internal/pgquerycheck && $(GO) test -count=1 ./...
 
+# CI fuzzes the lexer and the classifier for a short fixed time. The DSN and
+# LSN fuzz targets run their seed corpus in every `go test`; fuzz them with
+# `make fuzz-all`.
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzClassify$$' -fuzztime=$(FUZZTIME) ./internal/sqlclass
 	$(GO) test -run='^$$' -fuzz='^FuzzLex$$' -fuzztime=$(FUZZTIME) ./internal/sqlclass
+
+fuzz-all: fuzz
 	$(GO) test -run='^$$' -fuzz='^FuzzParseDSN$$' -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./internal/lsn
 
