@@ -81,16 +81,32 @@ func (b *backend) stillStandby() bool {
 
 func (b *backend) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	if e, ok := b.conn.(driver.ExecerContext); ok {
-		return e.ExecContext(ctx, query, args)
+		res, err := e.ExecContext(ctx, query, args)
+		return res, serverError(err)
 	}
 	return nil, driver.ErrSkip
 }
 
 func (b *backend) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	if q, ok := b.conn.(driver.QueryerContext); ok {
-		return q.QueryContext(ctx, query, args)
+		rows, err := q.QueryContext(ctx, query, args)
+		return rows, serverError(err)
 	}
 	return nil, driver.ErrSkip
+}
+
+// serverError hands the server's *pgconn.PgError to the caller bare when
+// pgx wrapped it in a *pgconn.PrepareError (a statement that failed to
+// prepare, such as one naming a missing table): callers such as GORM
+// type-assert err.(*pgconn.PgError) and would miss it.
+func serverError(err error) error {
+	if pe, ok := err.(*pgconn.PrepareError); ok {
+		var pgErr *pgconn.PgError
+		if errors.As(pe, &pgErr) {
+			return pgErr
+		}
+	}
+	return err
 }
 
 // control runs one of pgryw's own statements and returns its first row as
