@@ -40,6 +40,12 @@ func openDB(t *testing.T, extra string) (*sql.DB, *pgryw.Connector) {
 	if extra != "" {
 		dsn += "&" + extra
 	}
+	return openDSN(t, dsn)
+}
+
+// openDSN opens a pgryw pool through NewConnector, closed with the test.
+func openDSN(t *testing.T, dsn string) (*sql.DB, *pgryw.Connector) {
+	t.Helper()
 	cfg, err := pgryw.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)

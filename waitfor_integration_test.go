@@ -31,17 +31,8 @@ func openWaitForDB(t *testing.T, extra string) (*sql.DB, *pgryw.Connector, []*pg
 		proxies = append(proxies, p)
 		addrs = append(addrs, p.Addr())
 	}
-	cfg, err := pgryw.ParseDSN(cluster.WriterDSN() + "&wait_method=wait_for&replicas=" + strings.Join(addrs, ",") + "&" + extra)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := pgryw.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := sql.OpenDB(c)
-	t.Cleanup(func() { db.Close() })
-	return db, c.(*pgryw.Connector), proxies
+	db, c := openDSN(t, cluster.WriterDSN()+"&wait_method=wait_for&replicas="+strings.Join(addrs, ",")+"&"+extra)
+	return db, c, proxies
 }
 
 func rewritten(ps []*pgtest.WaitForProxy) (n int64) {
