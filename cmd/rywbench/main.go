@@ -75,7 +75,10 @@ type config struct {
 // stringList is a repeatable string flag.
 type stringList []string
 
-func (l *stringList) String() string     { return strings.Join(*l, ",") }
+// String implements flag.Value.
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+// Set implements flag.Value: each -replica flag adds one.
 func (l *stringList) Set(s string) error { *l = append(*l, s); return nil }
 
 func parseFlags() (*config, error) {

@@ -1,0 +1,73 @@
+package pgryw_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/pgryw/pgryw"
+)
+
+func ExampleParseDSN() {
+	cfg, err := pgryw.ParseDSN("postgres://app:secret@primary/app?replicas=replica1,replica2:5433&wait_timeout=200ms&on_timeout=error")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(cfg.Replicas, cfg.WaitTimeout, cfg.OnTimeout)
+	fmt.Println(cfg.Writer)
+	fmt.Println(cfg) // the password is never printed
+	// Output:
+	// [replica1 replica2:5433] 200ms error
+	// postgres://app:secret@primary/app
+	// postgres://app:xxxxx@primary/app?replicas=replica1%2Creplica2%3A5433&wait_timeout=200ms&on_timeout=error
+}
+
+func ExampleParseDSN_badValue() {
+	_, err := pgryw.ParseDSN("host=primary on_timeout=later")
+	fmt.Println(err)
+	// Output:
+	// pgryw: DSN key on_timeout: invalid value "later" (allowed: primary, error, stale)
+}
+
+func ExampleNewConnector() {
+	cfg := pgryw.NewConfig()
+	cfg.Writer = "host=primary user=app dbname=app"
+	cfg.Replicas = []string{"replica1", "replica2"}
+	c, err := pgryw.NewConnector(cfg)
+	if err != nil {
+		panic(err)
+	}
+	db := sql.OpenDB(c)
+	defer db.Close()
+	// Where did the reads go?
+	fmt.Printf("%+v\n", c.(*pgryw.Connector).Stats())
+	// Output:
+	// {ReplicaReads:0 WriterReads:0 Fallbacks:0 StaleReads:0 BehindErrors:0 Waits:0 WaitTimeouts:0 Captures:0 CaptureFailure:0}
+}
+
+func ExampleWithPrimary() {
+	var db *sql.DB // opened with sql.Open("pgryw", …)
+	read := func(ctx context.Context) {
+		// Reads with this context go to the writer: they see other sessions'
+		// latest writes too, not only this session's.
+		if db != nil {
+			db.QueryRowContext(pgryw.WithPrimary(ctx), "SELECT balance FROM accounts WHERE id = $1", 7)
+		}
+	}
+	read(context.Background())
+}
+
+func ExampleErrReplicaBehind() {
+	var db *sql.DB // opened with on_timeout=error
+	if db == nil {
+		return
+	}
+	var name string
+	err := db.QueryRow("SELECT name FROM users WHERE id = $1", 7).Scan(&name)
+	if errors.Is(err, pgryw.ErrReplicaBehind) {
+		// No replica caught up within wait_timeout: retry later, or ask the
+		// writer explicitly with pgryw.WithPrimary.
+		fmt.Println("replica behind:", err)
+	}
+}
