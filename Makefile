@@ -2,11 +2,11 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: test unit vet fuzz fuzz-all difftest demo bench postgres
+.PHONY: test unit vet fuzz fuzz-all difftest ormcheck demo bench postgres
 
 test: postgres vet
 	$(GO) test -race -count=1 ./...
-	$(MAKE) difftest fuzz
+	$(MAKE) difftest ormcheck fuzz
 
 postgres:
 	@./scripts/ensure-postgres.sh
@@ -26,6 +26,11 @@ difftest:
 # CI fuzzes the lexer and the classifier for a short fixed time. The DSN and
 # LSN fuzz targets run their seed corpus in every `go test`; fuzz them with
 # `make fuzz-all`.
+# sqlx and GORM on pgryw against real replicas; its own module, so pgryw's
+# users never download them.
+ormcheck:
+	cd internal/ormcheck && $(GO) test -count=1 ./...
+
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzClassify$$' -fuzztime=$(FUZZTIME) ./internal/sqlclass
 	$(GO) test -run='^$$' -fuzz='^FuzzLex$$' -fuzztime=$(FUZZTIME) ./internal/sqlclass
