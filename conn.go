@@ -447,51 +447,6 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64) (b *
 	}
 }
 
-// readyReplica returns a replica that has replayed the session's watermark,
-// waiting for it with round trips of its own. A read-only transaction uses
-// it before BEGIN: at REPEATABLE READ the snapshot is taken by the first
-// statement, and it must not be older than the watermark. It returns
-// errUseWriter, or the error for on_timeout=error.
-func (cn *Conn) readyReplica(ctx context.Context, tried *uint64) (*backend, error) {
-	wm, err := cn.watermark(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, errUseWriter
-	}
-	for {
-		b, check, err := cn.nextReplica(ctx, wm, tried)
-		if err != nil || !check {
-			return b, err
-		}
-		res, err := cn.c.waitReplica(ctx, b, wm)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			if cerr := cn.c.configError(b, err); cerr != nil {
-				return nil, cerr
-			}
-			if b.closed() {
-				cn.dropReplica(b)
-			}
-			b.node.markDown()
-			continue
-		}
-		switch res {
-		case waitOK:
-			return b, nil
-		case waitNotStandby:
-			continue
-		}
-		if perr := cn.behind(b.node, wm); perr != nil {
-			return nil, perr
-		}
-		return b, nil
-	}
-}
-
 // behind decides what a read does when replica n did not (or, by its
 // measured lag, will not) replay wm in time: errUseWriter
 // (on_timeout=primary), a *ReplicaBehindError (on_timeout=error), or nil to
@@ -546,6 +501,7 @@ const pipelinedAttempts = 4
 // check means discarding the answer (whatever it was, even an error: a table
 // created a moment ago may not exist there yet), waiting, and reading again.
 // run performs the read on a backend and returns how to discard its answer.
+// A read-only transaction's BEGIN goes this way too, with query "".
 //
 // onReplica reports onWriter when the statement must run on the writer
 // instead: no replica is ready in time (on_timeout=primary), or a replica
@@ -630,7 +586,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		}
 		var pgErr *pgconn.PgError
 		if errors.As(a.err, &pgErr) {
-			if pgErr.Code == "25006" {
+			if pgErr.Code == "25006" && query != "" {
 				cn.c.classes.learnWrite(query)
 				*cls = cn.c.classes.get(query)
 				return true, nil

@@ -6,6 +6,7 @@ package pgryw_test
 
 import (
 	"context"
+	"database/sql"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -156,6 +157,29 @@ func TestRoundTrips(t *testing.T) {
 	}
 	if w, r := delta(b); w != 0 || r != 1 {
 		t.Errorf("read, replica not known caught up: %d round trips to the writer, %d to replicas; want 0 and 1 (%+v -> %+v)", w, r, st0, c.Stats())
+	}
+
+	// A read-only transaction after a write: its check rides with BEGIN,
+	// then the read and COMMIT: three, all on the replica.
+	if _, err := db.Exec(insert, 103, 103); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b = snapshot()
+	rtx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rtx.QueryRow(read, 103).Scan(&v); err != nil || v != 103 {
+		t.Fatalf("read-only transaction: v=%d err=%v", v, err)
+	}
+	if err := rtx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if w, r := delta(b); w != 0 || r != 3 {
+		t.Errorf("read-only transaction: %d round trips to the writer, %d to replicas; want 0 and 3", w, r)
 	}
 
 	// A transaction: BEGIN, INSERT, and COMMIT with its capture: three.

@@ -71,28 +71,28 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 		return cn.writer.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 	}
 	if opts.ReadOnly && !cn.pinned && !wantsPrimary(ctx) && cn.writer.idle() {
-		var tried uint64
-		for {
-			b, err := cn.readyReplica(ctx, &tried)
-			if err == errUseWriter {
-				cn.c.stats.writerReads.Add(1)
-				cn.c.stats.fallbacks.Add(1)
-				break
-			}
+		// BEGIN is routed like a read: the replica's check rides in front
+		// of it, so the snapshot, taken by the transaction's first
+		// statement, is no older than the watermark. A failed check rolls
+		// the transaction back before anything ran in it.
+		var (
+			inner driver.Tx
+			on    *backend
+			none  sqlclass.Result
+		)
+		onWriter, err := cn.onReplica(ctx, "", &none, func(b *backend) (func(), error) {
+			t, err := b.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 			if err != nil {
 				return nil, err
 			}
-			inner, err := b.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
-			if err != nil {
-				if ctx.Err() == nil && b.closed() {
-					cn.dropReplica(b)
-					b.node.markDown()
-					continue
-				}
-				return nil, err
-			}
-			cn.c.stats.replicaReads.Add(1)
-			cn.tx = &tx{cn: cn, b: b, inner: inner, ctx: ctx, onReplica: true}
+			inner, on = t, b
+			return func() { t.Rollback(); inner = nil }, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		if !onWriter {
+			cn.tx = &tx{cn: cn, b: on, inner: inner, ctx: ctx, onReplica: true}
 			return cn.tx, nil
 		}
 	}
