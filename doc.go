@@ -31,8 +31,15 @@
 // PostgreSQL 19 and later, and polls pg_last_wal_replay_lsn() on older
 // servers, for at most wait_timeout; then on_timeout decides (read the writer,
 // return ErrReplicaBehind, or serve stale rows). What pgryw learns about each
-// replica's position is shared by all connections of a pool, and a replica
-// known to be caught up is read without waiting.
+// replica's position (from every check and from a background monitor) is
+// shared by all connections of a pool: a replica known to be caught up is
+// read without a check, and one known to be too far behind for the budget is
+// not waited on.
+//
+// None of this costs a round trip of its own: the position query rides in
+// the same network flush as the write (after its Sync, so after the commit),
+// and a replica's check rides in front of the read (or of a read-only
+// transaction's BEGIN), whose answer is used only if the check passed.
 //
 // With session_scope=db (the default) the pool shares one watermark, so
 // db.Exec followed by db.Query is covered even on different connections; with

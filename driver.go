@@ -210,7 +210,7 @@ type Stats struct {
 	Fallbacks      int64 // reads sent to the writer because a replica was behind, unreachable or promoted
 	StaleReads     int64 // reads served by a replica behind the watermark (on_timeout=stale)
 	BehindErrors   int64 // reads that returned ErrReplicaBehind (on_timeout=error)
-	Waits          int64 // waits started on a replica (WAIT FOR or polling)
+	Waits          int64 // reads that made a replica wait: a WAIT FOR, or polling after a failed check
 	WaitTimeouts   int64 // waits whose budget ran out
 	Captures       int64 // writer positions read after a commit
 	CaptureFailure int64 // commits whose position could not be read (the next read re-captures)
