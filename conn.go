@@ -187,7 +187,8 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 // a replica.
 func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, error) {
 	read := cn.c.readOnly(cls)
-	if cls.Hint == sqlclass.HintReplica && !read {
+	replicaHint := cls.Hint == sqlclass.HintReplica || wantsReplica(ctx)
+	if replicaHint && !read {
 		return false, fmt.Errorf("%w (%s)", ErrReplicaHint, cls.Reason)
 	}
 	if !read || cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx) || !cn.writer.idle() {
@@ -195,7 +196,7 @@ func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, e
 	}
 	// A replica hint overrides pinning: the caller says the statement does
 	// not depend on this connection's session state.
-	return !cn.pinned || cls.Hint == sqlclass.HintReplica, nil
+	return !cn.pinned || replicaHint, nil
 }
 
 // commits reports whether a statement about to run on the writer, outside

@@ -471,3 +471,27 @@ func TestExecBeginCommit(t *testing.T) {
 		t.Fatalf("watermark %s", got)
 	}
 }
+
+func TestWithReplicaContext(t *testing.T) {
+	mc := newMockCluster(t, 1, "")
+	ctx := WithReplica(context.Background())
+	conn, err := mc.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	mc.writer.ExpectExec("SET search_path = app").WillReturnResult(sqlmock.NewResult(0, 0))
+	mc.replicas[0].ExpectQuery(selectSQL).WithArgs(int64(7)).WillReturnRows(valueRow(1))
+	if _, err := conn.ExecContext(context.Background(), "SET search_path = app"); err != nil {
+		t.Fatal(err)
+	}
+	// Pinned by SET, but the context asks for a replica.
+	var v int
+	if err := conn.QueryRowContext(ctx, selectSQL, int64(7)).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, "DELETE FROM t"); !errors.Is(err, ErrReplicaHint) {
+		t.Fatalf("write with WithReplica: %v", err)
+	}
+	mc.verify(t)
+}

@@ -24,6 +24,7 @@ type ctxKey int
 
 const (
 	ctxPrimary ctxKey = iota
+	ctxReplica
 )
 
 // WithPrimary returns a context that sends every statement run with it to the
@@ -35,5 +36,18 @@ func WithPrimary(ctx context.Context) context.Context {
 
 func wantsPrimary(ctx context.Context) bool {
 	v, _ := ctx.Value(ctxPrimary).(bool)
+	return v
+}
+
+// WithReplica returns a context that sends reads run with it to a replica
+// even on a connection pinned to the writer by session state, like a
+// /* pgryw:replica */ comment; a statement that writes is refused with
+// ErrReplicaHint. The read still waits for the session's watermark.
+func WithReplica(ctx context.Context) context.Context {
+	return context.WithValue(ctx, ctxReplica, true)
+}
+
+func wantsReplica(ctx context.Context) bool {
+	v, _ := ctx.Value(ctxReplica).(bool)
 	return v
 }
