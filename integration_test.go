@@ -103,6 +103,38 @@ type workload struct {
 	firstErr                      atomic.Value
 }
 
+func (w *workload) replicaShare() float64 {
+	return float64(w.onReplica.Load()) / float64(w.reads.Load())
+}
+
+// fresh fails the test unless every read succeeded and saw its own write.
+func (w *workload) fresh(t *testing.T, c *pgryw.Connector) {
+	t.Helper()
+	t.Logf("reads=%d stale=%d replica=%d errors=%d stats=%+v", w.reads.Load(), w.stale.Load(), w.onReplica.Load(), w.errs.Load(), c.Stats())
+	if w.errs.Load() != 0 {
+		t.Fatalf("errors: %v", w.firstErr.Load())
+	}
+	if w.stale.Load() != 0 {
+		t.Fatalf("%d stale reads", w.stale.Load())
+	}
+}
+
+// onReplicas fails the test unless at least 95% of reads were served by replicas.
+func (w *workload) onReplicas(t *testing.T) {
+	t.Helper()
+	if share := w.replicaShare(); share < 0.95 {
+		t.Fatalf("only %.1f%% of reads served by replicas", share*100)
+	}
+}
+
+// onWriter fails the test unless (nearly) every read was served by the writer.
+func (w *workload) onWriter(t *testing.T) {
+	t.Helper()
+	if share := w.replicaShare(); share > maxLuckyShare {
+		t.Fatalf("%.1f%% of reads served by replicas 100ms behind with a 10ms budget", share*100)
+	}
+}
+
 // insertThenRead is the workload: each worker inserts a row and at
 // once reads it back through the same *sql.DB.
 func insertThenRead(t *testing.T, db *sql.DB, table string, workers, iterations int) *workload {
@@ -159,32 +191,16 @@ func TestIntegrationReadYourWrites(t *testing.T) {
 	setDelay(t, 100*time.Millisecond)
 	db, c := openDB(t, "wait_timeout=1s")
 	w := insertThenRead(t, db, newTable(t), workers, iterations)
-	t.Logf("reads=%d stale=%d replica=%d errors=%d stats=%+v", w.reads.Load(), w.stale.Load(), w.onReplica.Load(), w.errs.Load(), c.Stats())
-	if w.errs.Load() != 0 {
-		t.Fatalf("errors: %v", w.firstErr.Load())
-	}
-	if w.stale.Load() != 0 {
-		t.Fatalf("%d stale reads", w.stale.Load())
-	}
-	if share := float64(w.onReplica.Load()) / float64(w.reads.Load()); share < 0.95 {
-		t.Fatalf("only %.1f%% of reads served by replicas", share*100)
-	}
+	w.fresh(t, c)
+	w.onReplicas(t)
 }
 
 func TestIntegrationShortBudgetReadsWriter(t *testing.T) {
 	setDelay(t, 100*time.Millisecond)
 	db, c := openDB(t, "wait_timeout=10ms")
 	w := insertThenRead(t, db, newTable(t), workers, iterations)
-	t.Logf("reads=%d stale=%d replica=%d stats=%+v", w.reads.Load(), w.stale.Load(), w.onReplica.Load(), c.Stats())
-	if w.errs.Load() != 0 {
-		t.Fatalf("errors: %v", w.firstErr.Load())
-	}
-	if w.stale.Load() != 0 {
-		t.Fatalf("%d stale reads", w.stale.Load())
-	}
-	if share := float64(w.onReplica.Load()) / float64(w.reads.Load()); share > maxLuckyShare {
-		t.Fatalf("%.1f%% of reads served by replicas 100ms behind with a 10ms budget", share*100)
-	}
+	w.fresh(t, c)
+	w.onWriter(t)
 }
 
 func TestIntegrationOnTimeoutError(t *testing.T) {
