@@ -110,59 +110,57 @@ func serverError(err error) error {
 }
 
 // control runs one of pgryw's own statements and returns its first row as
-// text. With pgx it goes as a simple-protocol query: our statements embed an
-// LSN, and every distinct text would otherwise take a slot in pgx's prepared
-// statement cache (and a Parse round trip).
-func (b *backend) control(ctx context.Context, query string) ([]string, error) {
+// text, with which values were NULL. With pgx it goes as a simple-protocol
+// query: our statements embed an LSN, and every distinct text would
+// otherwise take a slot in pgx's prepared statement cache (and a Parse
+// round trip).
+func (b *backend) control(ctx context.Context, query string) (row []string, null []bool, err error) {
 	if b.pg != nil {
 		res, err := b.pg.Exec(ctx, query).ReadAll()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, r := range res {
 			if r.Err != nil {
-				return nil, r.Err
+				return nil, nil, r.Err
 			}
 		}
 		if len(res) == 0 || len(res[len(res)-1].Rows) == 0 {
-			return nil, fmt.Errorf("pgryw: %s returned no row", firstWords(query))
+			return nil, nil, fmt.Errorf("pgryw: %s returned no row", firstWords(query))
 		}
-		row := res[len(res)-1].Rows[0]
-		out := make([]string, len(row))
-		for i, v := range row {
-			out[i] = string(v)
-			if v == nil {
-				out[i] = "\x00null"
-			}
+		for _, v := range res[len(res)-1].Rows[0] {
+			row = append(row, string(v))
+			null = append(null, v == nil)
 		}
-		return out, nil
+		return row, null, nil
 	}
 	rows, err := b.query(ctx, query, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer rows.Close()
 	vals := make([]driver.Value, len(rows.Columns()))
 	if err := rows.Next(vals); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("pgryw: %s returned no row", firstWords(query))
+			return nil, nil, fmt.Errorf("pgryw: %s returned no row", firstWords(query))
 		}
-		return nil, err
+		return nil, nil, err
 	}
-	out := make([]string, len(vals))
-	for i, v := range vals {
+	for _, v := range vals {
+		var text string
 		switch x := v.(type) {
 		case nil:
-			out[i] = "\x00null"
 		case []byte:
-			out[i] = string(x)
+			text = string(x)
 		case bool:
-			out[i] = map[bool]string{true: "t", false: "f"}[x]
+			text = map[bool]string{true: "t", false: "f"}[x]
 		default:
-			out[i] = fmt.Sprint(x)
+			text = fmt.Sprint(x)
 		}
+		row = append(row, text)
+		null = append(null, v == nil)
 	}
-	return out, nil
+	return row, null, nil
 }
 
 func firstWords(q string) string {

@@ -326,14 +326,20 @@ func (cn *Conn) captureCommit(ctx context.Context) {
 	}
 	if err != nil {
 		cn.c.stats.captureFailures.Add(1)
-		cn.sess.lost.Store(true)
-		if cn.c.cfg.SessionScope == ScopeDB {
-			cn.c.db.lost.Store(true)
-		}
+		cn.setLost(true)
 		return
 	}
 	cn.c.stats.captures.Add(1)
 	cn.advance(l)
+}
+
+// setLost marks (or clears) a commit whose position is unknown, on this
+// connection and with session_scope=db on the pool.
+func (cn *Conn) setLost(lost bool) {
+	cn.sess.lost.Store(lost)
+	if cn.c.cfg.SessionScope == ScopeDB {
+		cn.c.db.lost.Store(lost)
+	}
 }
 
 // advance raises the watermarks this connection answers to, and records the
@@ -361,16 +367,10 @@ func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
 	}
 	db := cn.c.cfg.SessionScope == ScopeDB
 	if cn.sess.lost.Load() || db && cn.c.db.lost.Load() {
-		cn.sess.lost.Store(false)
-		if db {
-			cn.c.db.lost.Store(false)
-		}
+		cn.setLost(false)
 		l, err := capture(ctx, cn.writer)
 		if err != nil {
-			cn.sess.lost.Store(true)
-			if db {
-				cn.c.db.lost.Store(true)
-			}
+			cn.setLost(true)
 			return 0, err
 		}
 		cn.c.stats.captures.Add(1)

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"sync"
 	"time"
-
-	"github.com/pgryw/pgryw/internal/lsn"
 )
 
 // The monitor polls every replica's replay position in the background, so
@@ -99,19 +97,20 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 		}
 		b = newBackend(dc, n)
 	}
-	row, err := b.control(ctx, sqlPoll)
+	row, null, err := b.control(ctx, sqlPoll)
 	if err != nil {
 		b.close()
 		n.markDown()
 		return nil
 	}
 	n.downUntil.Store(0)
-	if len(row) < 2 || row[1] != "t" {
+	l, known, inRecovery, err := parsePoll(row, null)
+	if err != nil || !inRecovery {
 		n.notStandby.Store(true)
 		return b
 	}
 	n.notStandby.Store(false)
-	if l, err := lsn.Parse(row[0]); err == nil {
+	if known {
 		// Within one standby's history replay only moves forward; a lower
 		// position means the node was rebuilt or changed timeline, and what
 		// we knew of it no longer holds.

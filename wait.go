@@ -74,7 +74,7 @@ const (
 // capture reads the writer's WAL insert position with a round trip of its
 // own. Call it only after a commit has returned.
 func capture(ctx context.Context, b *backend) (lsn.LSN, error) {
-	row, err := b.control(ctx, sqlCapture)
+	row, _, err := b.control(ctx, sqlCapture)
 	if err != nil {
 		return 0, err
 	}
@@ -150,16 +150,22 @@ func (c *Connector) waitReplica(ctx context.Context, b *backend, target lsn.LSN)
 	if res == waitTimeout && err == nil {
 		c.stats.waitTimeouts.Add(1)
 	}
-	if res == waitNotStandby {
-		b.node.notStandby.Store(true)
-	}
 	return res, err
 }
 
 func (c *Connector) waitFor(ctx context.Context, b *backend, target lsn.LSN, budget time.Duration) (waitResult, error) {
-	row, err := b.control(ctx, waitForSQL(target, budget))
+	row, _, err := b.control(ctx, waitForSQL(target, budget))
 	if err != nil {
 		return waitTimeout, err
+	}
+	return c.waitForAnswer(b, row, target)
+}
+
+// waitForAnswer reads WAIT FOR's status row, sent with its own round trip or
+// riding in front of a read.
+func (c *Connector) waitForAnswer(b *backend, row []string, target lsn.LSN) (waitResult, error) {
+	if len(row) != 1 {
+		return waitTimeout, errCheckLost
 	}
 	switch row[0] {
 	case "success":
@@ -168,6 +174,7 @@ func (c *Connector) waitFor(ctx context.Context, b *backend, target lsn.LSN, bud
 	case "timeout":
 		return waitTimeout, nil
 	case "not in recovery":
+		b.node.notStandby.Store(true)
 		return waitNotStandby, nil
 	}
 	return waitTimeout, fmt.Errorf("pgryw: WAIT FOR returned unknown status %q", clip(row[0]))
@@ -212,25 +219,45 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // pollOnce asks replica b once whether it has replayed target.
 func (c *Connector) pollOnce(ctx context.Context, b *backend, target lsn.LSN) (waitResult, error) {
-	row, err := b.control(ctx, sqlPoll)
+	row, null, err := b.control(ctx, sqlPoll)
 	if err != nil {
 		return waitTimeout, err
 	}
-	return c.pollAnswer(b, row, target)
+	return c.pollAnswer(b, row, null, target)
 }
 
-// pollAnswer reads sqlPoll's row.
-func (c *Connector) pollAnswer(b *backend, row []string, target lsn.LSN) (waitResult, error) {
-	if len(row) < 2 || row[1] != "t" {
-		b.node.notStandby.Store(true)
-		return waitNotStandby, nil
+// parsePoll reads sqlPoll's row: whether the node is in recovery, and its
+// replay position when it has one (known is false before a standby has
+// replayed anything).
+func parsePoll(row []string, null []bool) (replay lsn.LSN, known, inRecovery bool, err error) {
+	if len(row) != 2 || len(null) != 2 {
+		return 0, false, false, errCheckLost
 	}
-	if row[0] == "\x00null" {
-		return waitBehind, nil
+	if row[1] != "t" {
+		return 0, false, false, nil
+	}
+	if null[0] {
+		return 0, false, true, nil
 	}
 	l, err := lsn.Parse(row[0])
 	if err != nil {
-		return waitTimeout, fmt.Errorf("pgryw: replica returned an unreadable replay position: %w", err)
+		return 0, false, true, fmt.Errorf("pgryw: replica returned an unreadable replay position: %w", err)
+	}
+	return l, true, true, nil
+}
+
+// pollAnswer reads sqlPoll's row, sent with its own round trip or riding in
+// front of a read, and records what it says about b's node.
+func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn.LSN) (waitResult, error) {
+	l, known, inRecovery, err := parsePoll(row, null)
+	switch {
+	case err != nil:
+		return waitTimeout, err
+	case !inRecovery:
+		b.node.notStandby.Store(true)
+		return waitNotStandby, nil
+	case !known:
+		return waitBehind, nil
 	}
 	c.topo.observe(b.node, l, time.Now().UnixNano())
 	if l >= target {
@@ -300,30 +327,13 @@ func (c *Connector) checked(b *backend, inj *wire.Injection, wm lsn.LSN) (waitRe
 	}
 	row, null := inj.Row()
 	if c.useWaitFor(b) {
-		now := time.Now().UnixNano()
-		if len(row) != 1 {
-			return waitTimeout, errCheckLost
-		}
-		switch row[0] {
-		case "success":
-			c.topo.reached(b.node, wm, now)
-			return waitOK, nil
-		case "timeout":
+		res, err := c.waitForAnswer(b, row, wm)
+		if res == waitTimeout && err == nil {
 			c.stats.waitTimeouts.Add(1)
-			return waitTimeout, nil
-		case "not in recovery":
-			b.node.notStandby.Store(true)
-			return waitNotStandby, nil
 		}
-		return waitTimeout, fmt.Errorf("pgryw: WAIT FOR returned unknown status %q", clip(row[0]))
+		return res, err
 	}
-	if len(row) != 2 {
-		return waitTimeout, errCheckLost
-	}
-	if null[0] && row[1] == "t" {
-		return waitBehind, nil // a standby that has replayed nothing yet
-	}
-	return c.pollAnswer(b, row, wm)
+	return c.pollAnswer(b, row, null, wm)
 }
 
 // configError returns err when a failed wait points at a configuration
