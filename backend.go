@@ -22,8 +22,8 @@ type backend struct {
 	conn driver.Conn
 	pg   *pgconn.PgConn // nil for test doubles
 	wire *wire.Conn     // nil when pgryw's statements cannot ride along
-	inj  wire.Injection // reused for every ride-along statement
-	msgs []byte         // its messages' buffer
+	pre  slot           // a statement riding in front of the next one (a replica's check)
+	post slot           // a statement riding behind the next one (a capture or a replay poll)
 
 	// Names of pgryw's statements prepared on this connection.
 	prepared map[string]bool
@@ -173,12 +173,18 @@ func firstWords(q string) string {
 
 func (b *backend) close() error { return b.conn.Close() }
 
-// injectPrepared readies b's ride-along statement as an extended-protocol
+// slot is one reusable ride-along statement and its messages' buffer.
+type slot struct {
+	inj  wire.Injection
+	msgs []byte
+}
+
+// injectPrepared readies a ride-along statement in s as an extended-protocol
 // execution of sql, prepared under name on first use on this connection
 // (Parse then, Bind/Execute/Sync every time): the server skips parse and
 // plan, which a simple Query pays on every write.
-func (b *backend) injectPrepared(name, sql string) *wire.Injection {
-	buf := b.msgs[:0]
+func (b *backend) injectPrepared(s *slot, name, sql string) *wire.Injection {
+	buf := s.msgs[:0]
 	if !b.prepared[name] {
 		buf, _ = (&pgproto3.Parse{Name: name, Query: sql}).Encode(buf)
 		if b.prepared == nil {
@@ -189,9 +195,9 @@ func (b *backend) injectPrepared(name, sql string) *wire.Injection {
 	buf, _ = (&pgproto3.Bind{PreparedStatement: name}).Encode(buf)
 	buf, _ = (&pgproto3.Execute{}).Encode(buf)
 	buf, _ = (&pgproto3.Sync{}).Encode(buf)
-	b.msgs = buf
-	b.inj.ResetMessages(buf)
-	return &b.inj
+	s.msgs = buf
+	s.inj.ResetMessages(buf)
+	return &s.inj
 }
 
 // injectionFailed notes a ride-along statement's error: a prepared statement

@@ -155,6 +155,9 @@ func toSet(list []string) map[string]bool {
 func replicaConfig(wc *pgx.ConnConfig, host string, port uint16) *pgx.ConnConfig {
 	rc := wc.Copy()
 	rc.Host, rc.Port = host, port
+	// target_session_attrs (read-write, primary: common in HA DSNs) checks
+	// the writer; on a standby it would refuse every connection.
+	rc.ValidateConnect = nil
 	if rc.TLSConfig != nil && rc.TLSConfig.ServerName != "" {
 		rc.TLSConfig.ServerName = host
 	}

@@ -27,3 +27,6 @@ func Observe(c *Connector, i int, pos string) {
 	}
 	c.topo.observe(c.topo.replicas[i], l, time.Now().UnixNano())
 }
+
+// PoolWatermark returns c's pool-wide watermark (session_scope=db).
+func PoolWatermark(c *Connector) string { return c.db.wm.Load().String() }

@@ -253,9 +253,14 @@ func TestPollTimeoutFallsBack(t *testing.T) {
 	}
 }
 
-func TestFailedWriteDoesNotCapture(t *testing.T) {
-	mc := newMockCluster(t, 1, "")
+// A failed autocommit write whose outcome is unknown (here an error that is
+// not the server's) may have committed: its position is read before the
+// next replica read, which then waits for it.
+func TestFailedWriteCoversItsPosition(t *testing.T) {
+	mc := newMockCluster(t, 1, "wait_method=poll")
 	mc.writer.ExpectExec(insertSQL).WithArgs(1).WillReturnError(errors.New("boom"))
+	mc.writer.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/3000100"))
+	mc.replicas[0].ExpectQuery(sqlPoll).WillReturnRows(pollRow("0/3000100", true))
 	mc.replicas[0].ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	if _, err := mc.db.Exec(insertSQL, int64(1)); err == nil {
 		t.Fatal("want error")

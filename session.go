@@ -2,6 +2,7 @@ package pgryw
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/pgryw/pgryw/internal/lsn"
 )
@@ -9,15 +10,45 @@ import (
 // A session is whatever owns a read-your-writes watermark: each connection
 // has one, and with session_scope=db the connector has one more shared by the
 // whole pool. A committed write advances every watermark its connection
-// answers to; a replica read waits for the highest of them.
+// answers to; a replica read waits for the highest of them. A read raises
+// only its connection's watermark, to a position at or past everything it
+// saw (monotonic reads): the pool's watermark moves with writes alone, so
+// one session's reads never make another session wait.
 
 // session is the watermark state of one scope.
 type session struct {
 	wm lsn.Watermark
-	// lost is set when a write committed but its position could not be read
-	// (the capture query failed). The next replica read must then capture a
-	// position first: any later capture covers the lost commit.
-	lost atomicBool
+	// lost counts commits (or, for a connection, reads) whose position is
+	// not known: the capture failed, the connection broke, or the caller's
+	// context ended while the answer was on its way. covered is the highest
+	// lost count that a later capture is known to cover. While lost exceeds
+	// covered, the next replica read captures a position first: a capture
+	// sent after the lost event covers it. Counting, rather than a flag,
+	// lets a capture that was already on its way when another connection
+	// lost a position leave that loss pending.
+	lost    atomic.Uint64
+	covered atomic.Uint64
+}
+
+// markLost records a commit or read whose position is unknown.
+func (s *session) markLost() { s.lost.Add(1) }
+
+// pending returns the lost count to pass to cover once a capture sent after
+// this call has returned, and whether any loss is still uncovered.
+func (s *session) pending() (uint64, bool) {
+	l := s.lost.Load()
+	return l, l > s.covered.Load()
+}
+
+// cover records that a capture sent when lost was at seen has been applied
+// to the watermark.
+func (s *session) cover(seen uint64) {
+	for {
+		cur := s.covered.Load()
+		if seen <= cur || s.covered.CompareAndSwap(cur, seen) {
+			return
+		}
+	}
 }
 
 type ctxKey int

@@ -2,6 +2,7 @@ package pgryw
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"reflect"
 
@@ -70,7 +71,11 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 	if cn.c.plain {
 		return cn.writer.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 	}
-	if opts.ReadOnly && !cn.pinned && !wantsPrimary(ctx) && cn.writer.idle() {
+	// A standby refuses SERIALIZABLE ("cannot use serializable mode in a
+	// hot standby"), so a read-only serializable transaction runs on the
+	// writer, where it means what it says.
+	serializable := sql.IsolationLevel(opts.Isolation) == sql.LevelSerializable
+	if opts.ReadOnly && !serializable && !cn.pinned && !wantsPrimary(ctx) && cn.writer.idle() {
 		// BEGIN is routed like a read: the replica's check rides in front
 		// of it, so the snapshot, taken by the transaction's first
 		// statement, is no older than the watermark. A failed check rolls
@@ -80,7 +85,7 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 			on    *backend
 			none  sqlclass.Result
 		)
-		onWriter, err := cn.onReplica(ctx, "", &none, func(b *backend) (func(), error) {
+		onWriter, _, err := cn.onReplica(ctx, "", &none, false, func(b *backend) (func(), error) {
 			t, err := b.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 			if err != nil {
 				return nil, err
@@ -132,24 +137,39 @@ func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue) 
 
 // Commit implements driver.Tx. A committed read-write transaction advances
 // the watermark; the position query rides behind COMMIT in the same flush.
+// Any transaction's end also raises the connection's floor to a position at
+// or past what it read (monotonic reads).
 func (t *tx) Commit() error {
-	t.cn.tx = nil
-	t.b.txOpen = false
-	if t.onReplica || !t.wrote || !t.cn.c.cfg.ReadYourWrites {
-		return t.inner.Commit()
-	}
-	commit := sqlclass.Result{Tx: sqlclass.TxCommit, Write: true}
-	inj := t.cn.armCapture(&commit)
-	err := t.inner.Commit()
-	t.cn.afterWriter(t.ctx, &commit, err, inj)
-	return err
+	return t.end(t.inner.Commit, true)
 }
 
 // Rollback implements driver.Tx.
 func (t *tx) Rollback() error {
-	t.cn.tx = nil
+	return t.end(t.inner.Rollback, false)
+}
+
+func (t *tx) end(f func() error, commit bool) error {
+	cn := t.cn
+	cn.tx = nil
 	t.b.txOpen = false
-	return t.inner.Rollback()
+	if !cn.c.cfg.ReadYourWrites {
+		return f()
+	}
+	if t.onReplica {
+		a := &attempt{ctx: t.ctx, cn: cn, b: t.b, trail: true, run: func(*backend) (func(), error) { return nil, f() }}
+		a.read()
+		err := a.err
+		a.finish()
+		return err
+	}
+	end := sqlclass.Result{Tx: sqlclass.TxRollback}
+	if commit {
+		end = sqlclass.Result{Tx: sqlclass.TxCommit, Write: t.wrote}
+	}
+	ws := cn.beforeWriterCommits(&end, commit && t.wrote)
+	err := f()
+	cn.afterWriter(t.ctx, &ws, err)
+	return err
 }
 
 // afterRows calls done once its rows are closed: an autocommit statement that

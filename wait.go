@@ -112,6 +112,18 @@ func adjustInsertLSN(l lsn.LSN, blockSize uint64) lsn.LSN {
 	return l
 }
 
+// budget is how long a read may wait for a replica: wait_timeout, or what is
+// left of the caller's deadline if that is sooner.
+func (c *Connector) budget(ctx context.Context) time.Duration {
+	budget := c.cfg.WaitTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left < budget {
+			budget = left
+		}
+	}
+	return budget
+}
+
 // useWaitFor decides the method for one replica connection.
 func (c *Connector) useWaitFor(b *backend) bool {
 	switch c.cfg.WaitMethod {
@@ -128,12 +140,7 @@ func (c *Connector) useWaitFor(b *backend) bool {
 // non-nil only when the wait could not be carried out (connection trouble,
 // cancellation); a replica that is merely behind is waitTimeout.
 func (c *Connector) waitReplica(ctx context.Context, b *backend, target lsn.LSN) (waitResult, error) {
-	budget := c.cfg.WaitTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		if left := time.Until(dl); left < budget {
-			budget = left
-		}
-	}
+	budget := c.budget(ctx)
 	if budget <= 0 {
 		return waitTimeout, ctx.Err()
 	}
@@ -293,13 +300,13 @@ const (
 // sent on b: WAIT FOR LSN on PostgreSQL 19 and later (a utility statement
 // with literals, so a simple Query), else a replay position poll. Both are
 // answered before the read runs, in the same round trip.
-func (c *Connector) armCheck(b *backend, wm lsn.LSN) *wire.Injection {
-	inj := &b.inj
+func (c *Connector) armCheck(b *backend, wm lsn.LSN, budget time.Duration) *wire.Injection {
+	inj := &b.pre.inj
 	if c.useWaitFor(b) {
 		c.stats.waits.Add(1)
-		inj.Reset(waitForSQL(wm, c.cfg.WaitTimeout))
+		inj.Reset(waitForSQL(wm, budget))
 	} else {
-		inj = b.injectPrepared(stmtPoll, sqlPoll)
+		inj = b.injectPrepared(&b.pre, stmtPoll, sqlPoll)
 	}
 	b.wire.Prefix(inj)
 	return inj

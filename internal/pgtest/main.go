@@ -15,6 +15,10 @@ import (
 // PostgreSQL server can be found outside CI.
 const SkipMessage = "pgtest: PostgreSQL server binaries not found (set PGRYW_PG_BINDIR or apt-get install postgresql); integration tests skipped"
 
+// ShortMessage is what Main prints, and Require skips with, under go test
+// -short: the unit run starts no server.
+const ShortMessage = "pgtest: -short: no PostgreSQL server started; integration tests skipped"
+
 // StartTimeout bounds Start inside Main. Local clusters take seconds; the
 // margin is for a Docker image pull.
 const StartTimeout = 5 * time.Minute
@@ -40,6 +44,13 @@ func Required() bool {
 // tests, which should call Require to skip. Any other start failure (servers
 // found but broken) fails the run.
 func Main(m *testing.M, opts Options, set func(*Cluster)) int {
+	if testing.Short() {
+		// go test -short is the unit run (make unit): no server is started,
+		// on CI too; the integration tests skip and say why.
+		fmt.Fprintln(os.Stderr, ShortMessage)
+		set(nil)
+		return m.Run()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
 	c, err := Start(ctx, opts)
 	cancel()
@@ -83,6 +94,9 @@ func Main(m *testing.M, opts Options, set func(*Cluster)) int {
 func Require(tb testing.TB, c *Cluster) {
 	tb.Helper()
 	if c == nil {
+		if testing.Short() {
+			tb.Skip(ShortMessage)
+		}
 		tb.Skip(SkipMessage)
 	}
 }

@@ -56,6 +56,14 @@ type Result struct {
 	// Reason is a short human reason for the decision, such as "INSERT",
 	// "FOR UPDATE", "nextval()" or "SET".
 	Reason string
+	// Mixed: the string holds transaction control among other statements,
+	// so it may commit, open or abort blocks part-way (INSERT …; COMMIT;
+	// SELECT 1/0 commits the insert and then fails). What it left behind is
+	// read from the server, not from the text. Mixed implies Write.
+	Mixed bool
+	// Chain: the first statement is COMMIT AND CHAIN or ROLLBACK AND CHAIN,
+	// which leaves a new transaction block open.
+	Chain bool
 }
 
 // ReadOnly reports whether r may run on a replica, assuming every name in
@@ -168,6 +176,8 @@ func stricter(a, b Result) Result {
 	}
 	a.Write = a.Write || b.Write
 	a.Pin = a.Pin || b.Pin
+	a.Mixed = a.Mixed || b.Mixed
+	a.Chain = a.Chain || b.Chain
 	if a.Hint != HintPrimary && b.Hint != HintNone {
 		a.Hint = b.Hint
 	}
@@ -455,7 +465,11 @@ func (c *classifier) run(ts []stok) Result {
 		// router learns whether it left a block open from the server's
 		// transaction status, so it need not pin the connection.
 		res.Write = true
+		res.Mixed = true
 		res.Reason = "transaction control in a multi-statement string"
+	}
+	if n == 1 && (res.Reason == "COMMIT AND CHAIN" || res.Reason == "ROLLBACK AND CHAIN") {
+		res.Chain = true
 	}
 	if len(c.funcs) > 0 {
 		if res.Pin && !res.Write {

@@ -95,6 +95,7 @@ type Conn struct {
 	queue   []segment // answers still to come, in order; empty: pass all
 	pending []byte    // pass-through bytes read by Await, for pgx's next Read
 	wbuf    []byte
+	parses  uint64 // named Parse messages seen while something was armed
 
 	// Read-side framing state.
 	hdr      [5]byte
@@ -131,6 +132,17 @@ func (c *Conn) Disarm() {
 	c.mu.Unlock()
 }
 
+// NamedParses counts the named Parse messages (statements pgx prepares into
+// its cache) among the writes that carried or followed an injection. A
+// caller that discards the answer to such a write learns from a change in
+// the count that the server prepared a statement, and pgx cached its
+// description, during the discarded attempt.
+func (c *Conn) NamedParses() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.parses
+}
+
 // ErrFraming reports bytes from pgx that do not parse as protocol messages;
 // Conn then injects nothing.
 var ErrFraming = errors.New("wire: unexpected frontend message framing")
@@ -142,15 +154,18 @@ func (c *Conn) Write(b []byte) (int, error) {
 		c.mu.Unlock()
 		return c.Conn.Write(b)
 	}
-	syncs, exec, ok := scanFrontend(b)
+	syncs, exec, parses, ok := scanFrontend(b)
+	c.parses += uint64(parses)
 	if !ok {
 		c.prefix, c.suffix = nil, nil
 		c.mu.Unlock()
 		return c.Conn.Write(b)
 	}
 	buf := c.wbuf[:0]
+	var lead int // bytes of ours in front of the caller's
 	if c.prefix != nil {
 		buf = c.prefix.appendTo(buf)
+		lead = len(buf)
 		c.prefix.sent = true
 		c.queue = append(c.queue, segment{strip: true, inj: c.prefix})
 		c.prefix = nil
@@ -168,10 +183,28 @@ func (c *Conn) Write(b []byte) (int, error) {
 	c.trimQueue()
 	c.wbuf = buf
 	c.mu.Unlock()
-	if _, err := c.Conn.Write(buf); err != nil {
-		return 0, err
+	n, err := c.Conn.Write(buf)
+	if err != nil {
+		return callerBytes(n, lead, len(b)), err
 	}
 	return len(b), nil
+}
+
+// callerBytes turns a failed write of n bytes of our buffer (lead bytes of
+// ours, then the caller's m bytes, then perhaps more of ours) into the count
+// the caller is told. pgx treats a failed write of 0 bytes as safe to retry,
+// and database/sql then runs the statement again on another connection, so 0
+// is reported only when provably none of the caller's bytes left; once any
+// did, at least 1 is reported, even if the server may have seen only part of
+// a message.
+func callerBytes(n, lead, m int) int {
+	switch {
+	case n <= lead:
+		return 0
+	case n-lead >= m:
+		return m
+	}
+	return n - lead
 }
 
 // trimQueue drops trailing pass segments: with nothing of ours after them,
@@ -185,18 +218,23 @@ func (c *Conn) trimQueue() {
 }
 
 // scanFrontend walks pgx's messages: how many end in a ReadyForQuery (Sync,
-// Query, FunctionCall) and whether any executes a statement.
-func scanFrontend(b []byte) (syncs int, exec bool, ok bool) {
+// Query, FunctionCall), whether any executes a statement, and how many
+// prepare a named statement.
+func scanFrontend(b []byte) (syncs int, exec bool, parses int, ok bool) {
 	for i := 0; i < len(b); {
 		if len(b)-i < 5 {
-			return 0, false, false
+			return 0, false, 0, false
 		}
 		t := b[i]
 		n := int(binary.BigEndian.Uint32(b[i+1 : i+5]))
 		if n < 4 || len(b)-i-1 < n {
-			return 0, false, false
+			return 0, false, 0, false
 		}
 		switch t {
+		case 'P':
+			if n > 4 && b[i+5] != 0 { // a name, not the unnamed statement
+				parses++
+			}
 		case 'S', 'F':
 			syncs++
 		case 'Q':
@@ -207,7 +245,7 @@ func scanFrontend(b []byte) (syncs int, exec bool, ok bool) {
 		}
 		i += 1 + n
 	}
-	return syncs, exec, true
+	return syncs, exec, parses, true
 }
 
 func appendQuery(buf []byte, sql string) []byte {

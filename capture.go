@@ -1,0 +1,351 @@
+package pgryw
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgryw/pgryw/internal/lsn"
+	"github.com/pgryw/pgryw/internal/sqlclass"
+	"github.com/pgryw/pgryw/internal/wire"
+)
+
+// Write capture and watermarks: what running a statement on the writer does
+// to the session's position.
+//
+// The rule: every statement that leaves the writer connection outside a
+// transaction block carries, riding behind it in the same flush, a read of
+// pg_current_wal_insert_lsn(). If the statement may have committed a write
+// (it succeeded, or it failed in a way that may have come after a commit),
+// the position advances the connection's and the pool's watermarks;
+// otherwise it raises the connection's alone, as an upper bound of what the
+// statement saw (monotonic reads). Nothing rides along where it would run
+// inside a transaction block: there it would take the block's snapshot or
+// break a SET TRANSACTION that follows. When a possible commit's position
+// cannot be read (the connection broke, the caller's context ended, the
+// block is still open), the position is marked lost and the next replica
+// read captures one first.
+
+// writerStmt is one statement run on the writer outside a database/sql
+// transaction, from before it is sent until its outcome is known.
+type writerStmt struct {
+	cls        *sqlclass.Result
+	idleBefore bool
+	commits    bool            // it may commit a write (read_your_writes on)
+	inj        *wire.Injection // the ride-along capture, when armed
+	seen       lostSeen        // lost counts before it was sent
+}
+
+// lostSeen holds the sessions' lost counts read before a capture was sent.
+type lostSeen struct{ conn, db uint64 }
+
+func (cn *Conn) lostSeen() lostSeen {
+	s := lostSeen{conn: cn.sess.lost.Load()}
+	if cn.c.cfg.SessionScope == ScopeDB {
+		s.db = cn.c.db.lost.Load()
+	}
+	return s
+}
+
+// endsIdle reports whether the writer connection is sure to be outside any
+// transaction block once the statement has run, whatever its outcome: an
+// autocommit statement (one or several, without transaction control) sent
+// outside a block, or a plain COMMIT or ROLLBACK.
+func endsIdle(cls *sqlclass.Result, idleBefore bool) bool {
+	if cls.Mixed || cls.Chain {
+		return false
+	}
+	switch cls.Tx {
+	case sqlclass.TxNone:
+		return idleBefore
+	case sqlclass.TxCommit, sqlclass.TxRollback:
+		return true
+	}
+	return false
+}
+
+// beforeWriter prepares a statement about to run on the writer: it arms the
+// ride-along capture where one may run.
+func (cn *Conn) beforeWriter(cls *sqlclass.Result) writerStmt {
+	return cn.beforeWriterCommits(cls, cn.commits(cls))
+}
+
+func (cn *Conn) beforeWriterCommits(cls *sqlclass.Result, commits bool) writerStmt {
+	w := cn.writer
+	ws := writerStmt{cls: cls, idleBefore: w.idle()}
+	if !cn.c.cfg.ReadYourWrites {
+		return ws
+	}
+	ws.commits = commits
+	ws.seen = cn.lostSeen()
+	if w.wire != nil && endsIdle(cls, ws.idleBefore) {
+		ws.inj = w.injectPrepared(&w.post, stmtCapture, sqlCapture)
+		w.wire.AppendAfterExec(ws.inj)
+	}
+	return ws
+}
+
+// commits reports whether a statement about to run on the writer, outside
+// any database/sql transaction, may commit a write: an autocommit statement
+// that may write (a multi-statement string with its own BEGIN and COMMIT
+// included), or a COMMIT ending a transaction block in which such a
+// statement ran. A read-only block's COMMIT moves nothing.
+func (cn *Conn) commits(cls *sqlclass.Result) bool {
+	if cls.Tx == sqlclass.TxCommit && !cls.Write {
+		return cn.blockWrote
+	}
+	return cn.c.mayWrite(cls)
+}
+
+// afterWriter updates the connection once a statement has run on the writer
+// (err is its outcome): pins the connection when the statement changed
+// session state, tracks Exec'd transaction blocks, and moves the watermarks.
+func (cn *Conn) afterWriter(ctx context.Context, ws *writerStmt, err error) {
+	w := cn.writer
+	cls := ws.cls
+	if w.pg == nil {
+		switch cls.Tx {
+		case sqlclass.TxBegin:
+			w.txOpen = err == nil || w.txOpen
+		case sqlclass.TxCommit, sqlclass.TxRollback:
+			w.txOpen = false
+		}
+	}
+	pos, havePos := cn.settleCapture(ctx, w, ws.inj)
+	if err == nil && cls.Pin {
+		cn.pinned = true
+	}
+	closed := w.closed()
+	inBlock := !closed && !w.idle()
+
+	// wrote: a write may have committed, so its position must be covered.
+	var wrote bool
+	switch {
+	case cls.Mixed:
+		// Whatever the outcome, a COMMIT inside the string may have run.
+		wrote = ws.commits
+		cn.blockWrote = inBlock && ws.commits
+	case err != nil && closed:
+		// The outcome is unknown; a block open before is gone.
+		wrote = ws.commits && (ws.idleBefore && cls.Tx == sqlclass.TxNone || cls.Tx == sqlclass.TxCommit)
+		cn.blockWrote = false
+	case err != nil:
+		// An autocommit statement that failed committed nothing, but its
+		// position rode along anyway, so covering it costs nothing (and
+		// covers commands that commit part-way, such as CREATE INDEX
+		// CONCURRENTLY). A failed statement inside a block committed
+		// nothing: the block is aborted.
+		wrote = ws.commits && (ws.idleBefore && cls.Tx == sqlclass.TxNone || cls.Tx == sqlclass.TxCommit)
+		if !inBlock {
+			cn.blockWrote = false
+		}
+	case cls.Tx == sqlclass.TxCommit:
+		// COMMIT AND CHAIN commits and opens a new block at once.
+		wrote = ws.commits
+		cn.blockWrote = false
+	case cls.Tx == sqlclass.TxRollback:
+		cn.blockWrote = false
+	case cls.Tx == sqlclass.TxBegin:
+		if ws.idleBefore {
+			cn.blockWrote = false
+		}
+	case inBlock:
+		// Inside a block opened by an Exec'd BEGIN: remember whether it
+		// wrote, for its COMMIT.
+		if ws.commits {
+			cn.blockWrote = true
+		}
+	default:
+		wrote = ws.commits
+	}
+	if !cn.c.cfg.ReadYourWrites {
+		return
+	}
+	switch {
+	case havePos && wrote:
+		cn.advance(pos, ws.seen)
+	case havePos:
+		cn.raiseConn(pos, ws.seen)
+	case wrote && !closed && !inBlock && ctx.Err() == nil:
+		// No ride-along (a multi-statement string with transaction
+		// control): read the position with a round trip of its own.
+		cn.captureNow(ctx)
+	case wrote:
+		cn.markLost(true)
+	case w.wire != nil && !closed && !inBlock:
+		// A statement that read on the writer without a position: the
+		// connection's next replica read must not see less.
+		cn.markLost(false)
+	}
+}
+
+// settleCapture reads the answer to a ride-along capture, within the
+// caller's context. If the answer cannot be read the connection is out of
+// step with the server and is closed (database/sql then discards it).
+func (cn *Conn) settleCapture(ctx context.Context, b *backend, inj *wire.Injection) (lsn.LSN, bool) {
+	if inj == nil {
+		return 0, false
+	}
+	b.wire.Disarm()
+	if !cn.await(ctx, b, inj) {
+		return 0, false
+	}
+	if err := inj.Err(); err != nil {
+		b.injectionFailed(stmtCapture, err)
+		cn.c.stats.captureFailures.Add(1)
+		return 0, false
+	}
+	row, null := inj.Row()
+	if len(row) != 2 || null[0] {
+		return 0, false
+	}
+	l, err := parseCapture(row)
+	if err != nil {
+		return 0, false
+	}
+	cn.c.stats.captures.Add(1)
+	return l, true
+}
+
+// await waits, within ctx, for the rest of a ride-along statement's answer
+// and reports whether it arrived. An answer that cannot be read leaves the
+// connection out of step with the server, so it is closed.
+func (cn *Conn) await(ctx context.Context, b *backend, inj *wire.Injection) bool {
+	if !inj.Sent() || b.closed() {
+		return false
+	}
+	if inj.Done() {
+		return true
+	}
+	if err := b.wire.Await(ctx, inj); err != nil {
+		b.close()
+		return false
+	}
+	return inj.Done()
+}
+
+// captureNow reads the writer's position after a commit with a round trip of
+// its own, within the caller's context, and advances the watermarks. If it
+// cannot, the position is marked lost.
+func (cn *Conn) captureNow(ctx context.Context) {
+	seen := cn.lostSeen()
+	l, err := capture(ctx, cn.writer)
+	if err != nil {
+		cn.c.stats.captureFailures.Add(1)
+		cn.markLost(true)
+		return
+	}
+	cn.c.stats.captures.Add(1)
+	cn.advance(l, seen)
+}
+
+// markLost records a position that could not be read: a possible commit's
+// (on this connection and, with session_scope=db, on the pool), or only
+// this connection's read floor.
+func (cn *Conn) markLost(commit bool) {
+	cn.sess.markLost()
+	if commit && cn.c.cfg.SessionScope == ScopeDB {
+		cn.c.db.markLost()
+	}
+}
+
+// advance raises the watermarks this connection answers to after a possible
+// commit, records the writer's position for lag estimates, and marks the
+// losses seen before the capture was sent as covered.
+func (cn *Conn) advance(l lsn.LSN, seen lostSeen) {
+	cn.c.topo.hist.add(l, time.Now().UnixNano())
+	cn.sess.wm.Advance(l)
+	cn.sess.cover(seen.conn)
+	if cn.c.cfg.SessionScope == ScopeDB {
+		cn.c.db.wm.Advance(l)
+		cn.c.db.cover(seen.db)
+	}
+}
+
+// raiseConn raises this connection's watermark alone to a writer position
+// read after a statement that committed nothing.
+func (cn *Conn) raiseConn(l lsn.LSN, seen lostSeen) {
+	cn.c.topo.hist.add(l, time.Now().UnixNano())
+	cn.sess.wm.Advance(l)
+	cn.sess.cover(seen.conn)
+}
+
+// watermark returns the position a replica read must see: this connection's
+// and, with session_scope=db, the pool's. If a position was lost it
+// captures a fresh one first (the writer connection is idle here).
+func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
+	if !cn.c.cfg.ReadYourWrites {
+		return 0, nil
+	}
+	db := cn.c.cfg.SessionScope == ScopeDB
+	_, connLost := cn.sess.pending()
+	dbLost := false
+	if db {
+		_, dbLost = cn.c.db.pending()
+	}
+	if connLost || dbLost {
+		seen := cn.lostSeen()
+		l, err := capture(ctx, cn.writer)
+		if err != nil {
+			cn.c.stats.captureFailures.Add(1)
+			return 0, err
+		}
+		cn.c.stats.captures.Add(1)
+		if dbLost {
+			cn.advance(l, seen)
+		} else {
+			cn.raiseConn(l, seen)
+		}
+	}
+	wm := cn.sess.wm.Load()
+	if db {
+		wm = max(wm, cn.c.db.wm.Load())
+	}
+	return wm, nil
+}
+
+// RunOnWriter runs f with the writer connection's *pgx.Conn, for what
+// database/sql cannot express (CopyFrom, SendBatch, pgx's own types). Reach
+// it through sql.Conn.Raw:
+//
+//	err := conn.Raw(func(dc any) error {
+//		return dc.(*pgryw.Conn).RunOnWriter(ctx, func(pc *pgx.Conn) error {
+//			_, err := pc.CopyFrom(ctx, pgx.Identifier{"t"}, cols, rows)
+//			return err
+//		})
+//	})
+//
+// Whatever f did counts as a possible write, whether f succeeded or not:
+// afterwards the writer's position is read (one round trip) and advances the
+// watermarks; inside a database/sql transaction its COMMIT does that. f
+// must not end a transaction that pgryw opened. Session state f changes
+// (SET, LISTEN, ...) is not tracked: run such statements through
+// database/sql, or pin reads with WithPrimary.
+func (cn *Conn) RunOnWriter(ctx context.Context, f func(*pgx.Conn) error) error {
+	sc, ok := cn.writer.conn.(*stdlib.Conn)
+	if !ok {
+		return errors.New("pgryw: RunOnWriter needs a pgx connection")
+	}
+	err := f(sc.Conn())
+	if cn.c.plain || !cn.c.cfg.ReadYourWrites {
+		return err
+	}
+	w := cn.writer
+	switch {
+	case cn.tx != nil:
+		cn.tx.wrote = true
+	case w.closed():
+		cn.markLost(true)
+	case !w.idle():
+		// f opened a block (or left one open): its COMMIT captures.
+		cn.blockWrote = true
+	default:
+		cn.captureNow(ctx)
+	}
+	return err
+}
+
+var _ driver.Conn = (*Conn)(nil)

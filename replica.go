@@ -1,0 +1,363 @@
+package pgryw
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgryw/pgryw/internal/lsn"
+	"github.com/pgryw/pgryw/internal/sqlclass"
+	"github.com/pgryw/pgryw/internal/wire"
+)
+
+// The replica read: pick a replica, make sure it has replayed the session's
+// watermark (a check riding in front of the read, or a wait), run the read,
+// and learn from a replay-position poll riding behind it an upper bound of
+// what the read saw, which becomes the connection's floor for its next
+// read (monotonic reads).
+
+// replica returns this connection's backend for replica n, connecting on
+// first use.
+func (cn *Conn) replica(ctx context.Context, n *node) (*backend, error) {
+	if b := cn.replicas[n.index]; b != nil {
+		if !b.closed() {
+			return b, nil
+		}
+		b.close()
+		cn.replicas[n.index] = nil
+	}
+	dc, err := cn.c.dial(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	b := newBackend(dc, n)
+	cn.replicas[n.index] = b
+	return b, nil
+}
+
+func (cn *Conn) dropReplica(b *backend) {
+	if cn.replicas[b.node.index] == b {
+		cn.replicas[b.node.index] = nil
+	}
+	b.close()
+}
+
+// errUseWriter tells callers that a read belongs on the writer after all; it
+// never reaches the application.
+var errUseWriter = errors.New("pgryw: use the writer")
+
+// nextReplica picks and connects a replica for a read that needs wm. check
+// reports that the replica is not known to have replayed wm: the caller must
+// check (or wait) on it before using its answer. It returns errUseWriter when
+// no replica is usable, and applies on_timeout at once when every usable
+// replica is known to be too far behind to catch up within the budget (so a
+// lag event does not hold a replica connection per read for the whole
+// budget): errUseWriter, a *ReplicaBehindError, or (stale) the least behind
+// replica with check false.
+func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64) (b *backend, check bool, err error) {
+	for {
+		n, hopeless := cn.c.topo.pick(wm, *tried, cn.c.budget(ctx))
+		if n == nil {
+			return nil, false, errUseWriter
+		}
+		if hopeless {
+			if err := cn.behind(n, wm); err != nil {
+				return nil, false, err
+			}
+		}
+		*tried |= 1 << uint(n.index%64)
+		b, err := cn.replica(ctx, n)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, false, ctx.Err()
+			}
+			n.markDown()
+			continue
+		}
+		if n.notStandby.Load() {
+			continue
+		}
+		return b, !hopeless && wm > 0 && n.knownReplay() < wm, nil
+	}
+}
+
+// behind decides what a read does when replica n did not (or, by its
+// measured lag, will not) replay wm in time: errUseWriter
+// (on_timeout=primary), a *ReplicaBehindError (on_timeout=error), or nil to
+// serve the replica's rows anyway (on_timeout=stale).
+func (cn *Conn) behind(n *node, wm lsn.LSN) error {
+	switch cn.c.cfg.OnTimeout {
+	case OnTimeoutError:
+		cn.c.stats.behindErrors.Add(1)
+		replayed := "unknown"
+		if r := n.knownReplay(); r > 0 {
+			replayed = r.String()
+		}
+		return &ReplicaBehindError{Replica: n.addr, Watermark: wm.String(), Replayed: replayed, Waited: cn.c.cfg.WaitTimeout}
+	case OnTimeoutStale:
+		cn.c.stats.staleReads.Add(1)
+		return nil
+	}
+	return errUseWriter
+}
+
+// attempt is one read on one replica: its answer, until used or discarded.
+type attempt struct {
+	ctx     context.Context
+	cn      *Conn
+	b       *backend
+	run     func(*backend) (func(), error)
+	trail   bool            // a replay poll rides behind the read
+	post    *wire.Injection // that poll, once armed
+	discard func()
+	ran     bool
+	err     error
+	parses  uint64 // the wire's named-Parse count before the read
+}
+
+func (a *attempt) read() {
+	if w := a.b.wire; w != nil {
+		a.parses = w.NamedParses()
+		if a.trail && a.cn.c.cfg.ReadYourWrites {
+			a.post = a.b.injectPrepared(&a.b.post, stmtPoll, sqlPoll)
+			w.AppendAfterExec(a.post)
+		}
+	}
+	a.discard, a.err = a.run(a.b)
+	a.ran = true
+	if w := a.b.wire; w != nil {
+		w.Disarm()
+	}
+}
+
+// drop discards the answer, whatever it was. If the discarded read
+// prepared a statement (pgx caches its description), the cache is cleared:
+// the replica was behind, and a description taken there (say, before the
+// session's own ALTER TABLE … ADD COLUMN) would make the next execution
+// fail with "cached plan must not change result type".
+func (a *attempt) drop() {
+	if a.discard != nil {
+		a.discard()
+	}
+	if a.post != nil {
+		a.cn.await(a.ctx, a.b, a.post) // its slot is about to be reused
+		a.post = nil
+	}
+	if w := a.b.wire; w != nil && a.ran && w.NamedParses() != a.parses && !a.b.closed() {
+		if sc, ok := a.b.conn.(*stdlib.Conn); ok {
+			if err := sc.Conn().DeallocateAll(a.ctx); err != nil {
+				a.b.close()
+			}
+			a.b.prepared = nil
+		}
+	}
+	a.discard, a.err, a.ran = nil, nil, false
+}
+
+// finish settles a read that was served: it reads the replay position that
+// rode behind it and raises the connection's floor to it. Without one, the
+// floor is marked lost and the next replica read captures a writer position
+// first.
+func (a *attempt) finish() {
+	cn, b, inj := a.cn, a.b, a.post
+	a.post = nil
+	if inj == nil {
+		if b.wire != nil && cn.c.cfg.ReadYourWrites && a.trail {
+			cn.markLost(false)
+		}
+		return
+	}
+	if !cn.await(a.ctx, b, inj) || inj.Err() != nil {
+		if inj.Err() != nil {
+			b.injectionFailed(stmtPoll, inj.Err())
+		}
+		cn.markLost(false)
+		return
+	}
+	row, null := inj.Row()
+	l, known, inRecovery, err := parsePoll(row, null)
+	if err != nil || !known || !inRecovery {
+		// Promoted while reading: the read may have seen writes of the new
+		// history; only a writer position bounds it.
+		if err == nil && !inRecovery {
+			b.node.notStandby.Store(true)
+		}
+		cn.markLost(false)
+		return
+	}
+	cn.c.topo.observe(b.node, l, time.Now().UnixNano())
+	cn.sess.wm.Advance(l)
+}
+
+// pipelinedAttempts bounds how many times a read is sent along with a check
+// that then fails: each failure wastes one execution of the read, so after
+// these, pgryw polls alone and sends the read once the replica is there.
+const pipelinedAttempts = 4
+
+// onReplica runs a read on a replica that has replayed the session's
+// watermark. When a replica is not known to have, its check (a replay
+// position poll, or WAIT FOR on PostgreSQL 19) rides in the same flush as
+// the read, and the read's answer is used only if the check passed; a failed
+// check means discarding the answer (whatever it was, even an error: a table
+// created a moment ago may not exist there yet), waiting, and reading again.
+// run performs the read on a backend and returns how to discard its answer.
+// With trail, a replay poll rides behind the read; done, when not nil, must
+// be called once the read's answer has been consumed (at once for Exec, when
+// its rows are closed for Query) to learn what the read saw. A read-only
+// transaction's BEGIN goes this way too, with query "" and no trail.
+//
+// onReplica reports onWriter when the statement must run on the writer
+// instead: no replica is ready in time (on_timeout=primary), or a replica
+// refused it as a write (SQLSTATE 25006, which means nothing ran; cls is
+// updated). A replica whose connection fails is dropped and the next one
+// tried: a read is safe to send again.
+func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, trail bool, run func(*backend) (func(), error)) (onWriter bool, done func(), err error) {
+	wm, err := cn.watermark(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, nil, ctx.Err()
+		}
+		return cn.toWriter(), nil, nil
+	}
+	var tried uint64
+	for {
+		b, check, err := cn.nextReplica(ctx, wm, &tried)
+		if errors.Is(err, errUseWriter) {
+			return cn.toWriter(), nil, nil
+		}
+		if err != nil {
+			return false, nil, err
+		}
+		a := &attempt{ctx: ctx, cn: cn, b: b, run: run, trail: trail}
+		res, chkErr := waitOK, error(nil)
+		switch {
+		case check && b.wire != nil:
+			res, chkErr = cn.pipelined(ctx, a, wm)
+		case check:
+			if res, chkErr = cn.c.waitReplica(ctx, b, wm); chkErr == nil && res == waitOK {
+				a.read()
+			}
+		default:
+			a.read()
+		}
+		if chkErr != nil {
+			a.drop()
+			if ctx.Err() != nil {
+				return false, nil, ctx.Err()
+			}
+			if cerr := cn.c.configError(b, chkErr); cerr != nil {
+				return false, nil, cerr
+			}
+			if b.closed() {
+				cn.dropReplica(b)
+			}
+			b.node.markDown()
+			continue
+		}
+		switch res {
+		case waitNotStandby:
+			a.drop()
+			continue
+		case waitTimeout, waitBehind:
+			if perr := cn.behind(b.node, wm); perr != nil {
+				a.drop()
+				if perr == errUseWriter {
+					return cn.toWriter(), nil, nil
+				}
+				return false, nil, perr
+			}
+			if !a.ran {
+				a.read() // on_timeout=stale
+			}
+		}
+		if a.err == nil {
+			if !b.stillStandby() {
+				// Promoted after this read was answered: the answer stands
+				// (it has everything the node replayed), the node does not.
+				b.node.notStandby.Store(true)
+			}
+			cn.c.stats.replicaReads.Add(1)
+			if !trail {
+				return false, nil, nil
+			}
+			return false, a.finish, nil
+		}
+		if ctx.Err() != nil {
+			err := a.err
+			a.finish()
+			return false, nil, err
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(a.err, &pgErr) {
+			if pgErr.Code == "25006" && query != "" {
+				a.drop()
+				cn.c.classes.learnWrite(query)
+				*cls = cn.c.classes.get(query)
+				return true, nil, nil
+			}
+			err := a.err
+			a.finish()
+			return false, nil, err
+		}
+		if b.closed() || errors.Is(a.err, driver.ErrBadConn) || pgconn.SafeToRetry(a.err) {
+			a.drop()
+			cn.dropReplica(b)
+			b.node.markDown()
+			continue
+		}
+		err = a.err
+		a.finish()
+		return false, nil, err
+	}
+}
+
+// pipelined sends the read with its check in one flush and, while a polled
+// replica is merely behind, tries again within the budget: with the check
+// for the first few tries (so the answer costs no extra round trip when the
+// replica gets there), then polling alone and reading once it is there. With
+// WAIT FOR the server does the waiting, so one try says it all.
+func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResult, error) {
+	b := a.b
+	budget := cn.c.budget(ctx)
+	deadline := time.Now().Add(budget)
+	for i := 0; ; i++ {
+		if i < pipelinedAttempts || cn.c.useWaitFor(b) {
+			inj := cn.c.armCheck(b, wm, max(time.Until(deadline), time.Millisecond))
+			a.read()
+			res, err := cn.c.checked(b, inj, wm)
+			if err != nil || res != waitBehind {
+				return res, err
+			}
+		} else {
+			res, err := cn.c.pollOnce(ctx, b, wm)
+			if err != nil || res != waitBehind {
+				if err == nil && res == waitOK {
+					a.read()
+				}
+				return res, err
+			}
+		}
+		a.drop()
+		left := time.Until(deadline)
+		if left <= 0 {
+			cn.c.stats.waitTimeouts.Add(1)
+			return waitTimeout, nil
+		}
+		if i == 0 {
+			cn.c.stats.waits.Add(1)
+		}
+		if err := sleepCtx(ctx, min(cn.c.pollDelay(b.node, wm, i), left)); err != nil {
+			return waitTimeout, err
+		}
+	}
+}
+
+// toWriter counts a read sent to the writer instead of a replica.
+func (cn *Conn) toWriter() bool {
+	cn.c.stats.writerReads.Add(1)
+	cn.c.stats.fallbacks.Add(1)
+	return true
+}
