@@ -335,7 +335,7 @@ func (cn *Conn) RunOnWriter(ctx context.Context, f func(*pgx.Conn) error) error 
 	}
 	w := cn.writer
 	switch {
-	case cn.tx != nil:
+	case cn.tx != nil && !cn.tx.onReplica:
 		cn.tx.wrote = true
 	case w.closed():
 		cn.markLost(true)

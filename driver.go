@@ -6,8 +6,10 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -158,6 +160,16 @@ func replicaConfig(wc *pgx.ConnConfig, host string, port uint16) *pgx.ConnConfig
 	// target_session_attrs (read-write, primary: common in HA DSNs) checks
 	// the writer; on a standby it would refuse every connection.
 	rc.ValidateConnect = nil
+	// transaction_read_only=off as a startup setting makes a standby refuse
+	// the connection (FATAL 25001), which would quietly send every read to
+	// the writer. Replica reads are read-only anyway.
+	if len(rc.RuntimeParams) > 0 {
+		rc.RuntimeParams = maps.Clone(rc.RuntimeParams)
+		delete(rc.RuntimeParams, "transaction_read_only")
+		if o, ok := rc.RuntimeParams["options"]; ok {
+			rc.RuntimeParams["options"] = dropOption(o, "transaction_read_only")
+		}
+	}
 	if rc.TLSConfig != nil && rc.TLSConfig.ServerName != "" {
 		rc.TLSConfig.ServerName = host
 	}
@@ -180,6 +192,52 @@ func replicaConfig(wc *pgx.ConnConfig, host string, port uint16) *pgx.ConnConfig
 	}
 	rc.Fallbacks = fbs
 	return rc
+}
+
+// dropOption removes every setting of guc from a libpq options string
+// ("-c name=value", "-cname=value" or "--name=value", with backslash-escaped
+// spaces), keeping the rest as written.
+func dropOption(opts, guc string) string {
+	var words []string
+	var cur strings.Builder
+	flush := func() {
+		if cur.Len() > 0 {
+			words = append(words, cur.String())
+			cur.Reset()
+		}
+	}
+	for i := 0; i < len(opts); i++ {
+		switch ch := opts[i]; {
+		case ch == '\\' && i+1 < len(opts):
+			cur.WriteByte(ch)
+			cur.WriteByte(opts[i+1])
+			i++
+		case ch == ' ' || ch == '\t' || ch == '\n':
+			flush()
+		default:
+			cur.WriteByte(ch)
+		}
+	}
+	flush()
+	sets := func(w string) bool {
+		name, _, _ := strings.Cut(w, "=")
+		return strings.ReplaceAll(strings.ToLower(name), "-", "_") == guc
+	}
+	var kept []string
+	for i := 0; i < len(words); i++ {
+		w := words[i]
+		switch {
+		case w == "-c" && i+1 < len(words) && sets(words[i+1]):
+			i++
+			continue
+		case strings.HasPrefix(w, "-c") && len(w) > 2 && sets(w[2:]):
+			continue
+		case strings.HasPrefix(w, "--") && sets(w[2:]):
+			continue
+		}
+		kept = append(kept, w)
+	}
+	return strings.Join(kept, " ")
 }
 
 func (c *Connector) dialServer(ctx context.Context, n *node) (driver.Conn, error) {

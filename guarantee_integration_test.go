@@ -394,6 +394,30 @@ func TestIntegrationReplicaSettings(t *testing.T) {
 	if s := c.Stats(); s.ReplicaReads == 0 {
 		t.Fatalf("target_session_attrs=read-write disabled replica reads: %+v", s)
 	}
+	// A startup setting a standby refuses must not disable the replicas.
+	for _, extra := range []string{"transaction_read_only=off", "options=-c%20transaction_read_only%3Doff%20-c%20work_mem%3D8MB"} {
+		db, c := openDB(t, extra)
+		for i := 0; i < 5; i++ {
+			countRows(t, ctx, db, table)
+		}
+		if s := c.Stats(); s.ReplicaReads == 0 {
+			t.Fatalf("%s disabled replica reads: %+v", extra, s)
+		}
+	}
+	// A default a standby cannot run (SERIALIZABLE) sends reads to the
+	// writer rather than failing them.
+	sdb, _ := openDB(t, "options=-c%20default_transaction_isolation%3Dserializable")
+	for i := 0; i < 3; i++ {
+		countRows(t, ctx, sdb, table)
+		tx, err := sdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		countRows(t, ctx, tx, table)
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, iso := range []sql.IsolationLevel{sql.LevelDefault, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable} {
 		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: iso})
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -192,6 +193,13 @@ func (a *attempt) finish() {
 	cn.sess.wm.Advance(l)
 }
 
+// refusedByStandby reports a standby's refusal to start a transaction at
+// all, before the statement ran: "cannot use serializable mode in a hot
+// standby" (0A000), whatever the statement.
+func refusedByStandby(e *pgconn.PgError) bool {
+	return e.Code == "0A000" && strings.Contains(e.Message, "hot standby")
+}
+
 // pipelinedAttempts bounds how many times a read is sent along with a check
 // that then fails: each failure wastes one execution of the read, so after
 // these, pgryw polls alone and sends the read once the replica is there.
@@ -297,6 +305,13 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 				cn.c.classes.learnWrite(query)
 				*cls = cn.c.classes.get(query)
 				return true, nil, nil
+			}
+			if refusedByStandby(pgErr) {
+				// Nothing ran: the standby refused to start the
+				// transaction (a database or role default of
+				// SERIALIZABLE, say). The writer can run it.
+				a.drop()
+				return cn.toWriter(), nil, nil
 			}
 			err := a.err
 			a.finish()
