@@ -41,6 +41,14 @@
 // and a replica's check rides in front of the read (or of a read-only
 // transaction's BEGIN), whose answer is used only if the check passed.
 //
+// A write that may have committed although it returned an error (a
+// multi-statement string that committed and then failed, a broken
+// connection, an ended context) moves the watermark too, or marks its
+// position lost so the next replica read captures one first. A read raises
+// its connection's watermark to an upper bound of what it saw (a replay
+// position polled right behind it on a replica, the writer's position on the
+// writer), so reads on one connection never go back in time.
+//
 // With session_scope=db (the default) the pool shares one watermark, so
 // db.Exec followed by db.Query is covered even on different connections; with
 // session_scope=conn each connection has its own.
