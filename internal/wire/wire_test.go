@@ -167,3 +167,64 @@ func TestNothingArmedIsTransparent(t *testing.T) {
 		t.Fatal("changed bytes with nothing armed")
 	}
 }
+
+// shortWriter accepts the first n bytes of a write and then fails.
+type shortWriter struct {
+	net.Conn
+	n int
+}
+
+func (w *shortWriter) Write(p []byte) (int, error) {
+	return min(w.n, len(p)), io.ErrClosedPipe
+}
+
+// A write cut part-way reports 0 only when none of the caller's bytes left:
+// pgx treats 0 as safe to retry, and database/sql would run the statement
+// again.
+func TestPartialWriteCount(t *testing.T) {
+	query := encF(t, &pgproto3.Query{String: "INSERT INTO t VALUES (1)"})
+	pre := Injection{SQL: "SELECT 1"}
+	preLen := len(appendQuery(nil, pre.SQL))
+	post := Injection{SQL: "SELECT 2"}
+	for n := 0; n <= preLen+len(query)+20; n++ {
+		c := Wrap(&shortWriter{n: n})
+		c.Prefix(&Injection{SQL: pre.SQL})
+		c.AppendAfterExec(&Injection{SQL: post.SQL})
+		got, err := c.Write(query)
+		if err == nil {
+			t.Fatal("want the write's error")
+		}
+		var want int
+		switch {
+		case n <= preLen:
+			want = 0
+		case n >= preLen+len(query):
+			want = len(query)
+		default:
+			want = n - preLen
+		}
+		if got != want {
+			t.Fatalf("%d bytes written: reported %d, want %d", n, got, want)
+		}
+	}
+}
+
+func TestNamedParses(t *testing.T) {
+	c := Wrap(&chunked{})
+	c.Prefix(&Injection{SQL: "SELECT 1"})
+	unnamed := encF(t, &pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Sync{})
+	if _, err := c.Write(unnamed); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.NamedParses(); n != 0 {
+		t.Fatalf("unnamed Parse counted: %d", n)
+	}
+	c.Prefix(&Injection{SQL: "SELECT 1"})
+	named := encF(t, &pgproto3.Parse{Name: "stmtcache_1", Query: "SELECT 1"}, &pgproto3.Describe{ObjectType: 'S', Name: "stmtcache_1"}, &pgproto3.Sync{})
+	if _, err := c.Write(named); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.NamedParses(); n != 1 {
+		t.Fatalf("named Parse: count %d, want 1", n)
+	}
+}
