@@ -34,6 +34,10 @@ type Conn struct {
 	blockWrote bool
 
 	tx *tx // the open database/sql transaction, if any
+
+	// schemaGen counts statements this connection ran on the writer that
+	// may have changed the schema; see backend.schemaSeen.
+	schemaGen uint64
 }
 
 // Close implements driver.Conn.

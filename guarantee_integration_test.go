@@ -359,7 +359,18 @@ func TestIntegrationOwnSchemaChange(t *testing.T) {
 	if _, err := conn.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1, 1)"); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 3; i++ {
+	// Described (and cached) on the replicas before the ALTERs, too.
+	for i := 0; i < 4; i++ {
+		if _, err := conn.ExecContext(ctx, "SELECT * FROM "+table+" WHERE id = $1", 1); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := conn.QueryContext(ctx, "SELECT * FROM "+table+" WHERE id = $1", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
+	}
+	for i := 0; i < 4; i++ {
 		if _, err := conn.ExecContext(ctx, fmt.Sprintf("ALTER TABLE %s ADD COLUMN c%d int DEFAULT %d", table, i, i)); err != nil {
 			t.Fatal(err)
 		}
@@ -449,5 +460,55 @@ func waitReplicaCount(t *testing.T, i int, table string, n int) {
 			return
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Failures fall back, not through: a read in flight on a replica that shuts
+// down is sent to another node, not failed.
+func TestIntegrationReplicaStopsMidRead(t *testing.T) {
+	table := newTable(t)
+	db, _ := openDB(t, "")
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var reads, errs atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var n int
+				err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+table+" WHERE pg_sleep(0.005) IS NOT NULL").Scan(&n)
+				reads.Add(1)
+				if err != nil {
+					errs.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+		}()
+	}
+	for i := 0; i < 2; i++ {
+		time.Sleep(100 * time.Millisecond)
+		if err := cluster.StopNode(i); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if err := cluster.StartNode(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if errs.Load() > 0 {
+		t.Fatalf("%d of %d reads failed while replicas stopped; first: %v", errs.Load(), reads.Load(), firstErr.Load())
 	}
 }

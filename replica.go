@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pgryw/pgryw/internal/lsn"
 	"github.com/pgryw/pgryw/internal/sqlclass"
 	"github.com/pgryw/pgryw/internal/wire"
@@ -35,6 +34,7 @@ func (cn *Conn) replica(ctx context.Context, n *node) (*backend, error) {
 		return nil, err
 	}
 	b := newBackend(dc, n)
+	b.schemaSeen = cn.schemaGen
 	cn.replicas[n.index] = b
 	return b, nil
 }
@@ -147,13 +147,8 @@ func (a *attempt) drop() {
 		a.cn.await(a.ctx, a.b, a.post) // its slot is about to be reused
 		a.post = nil
 	}
-	if w := a.b.wire; w != nil && a.ran && w.NamedParses() != a.parses && !a.b.closed() {
-		if sc, ok := a.b.conn.(*stdlib.Conn); ok {
-			if err := sc.Conn().DeallocateAll(a.ctx); err != nil {
-				a.b.close()
-			}
-			a.b.prepared = nil
-		}
+	if w := a.b.wire; w != nil && a.ran && w.NamedParses() != a.parses {
+		a.b.resetStatements(a.ctx)
 	}
 	a.discard, a.err, a.ran = nil, nil, false
 }
@@ -239,6 +234,17 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		if err != nil {
 			return false, nil, err
 		}
+		if b.schemaSeen != cn.schemaGen {
+			// The session changed the schema since this connection cached
+			// statement descriptions: a SELECT * described before its
+			// ALTER TABLE would fail once the replica replays it.
+			b.resetStatements(ctx)
+			b.schemaSeen = cn.schemaGen
+			if b.closed() {
+				cn.dropReplica(b)
+				continue
+			}
+		}
 		a := &attempt{ctx: ctx, cn: cn, b: b, run: run, trail: trail}
 		res, chkErr := waitOK, error(nil)
 		switch {
@@ -299,34 +305,49 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			return false, nil, err
 		}
 		var pgErr *pgconn.PgError
-		if errors.As(a.err, &pgErr) {
-			if pgErr.Code == "25006" && query != "" {
-				a.drop()
-				cn.c.classes.learnWrite(query)
-				*cls = cn.c.classes.get(query)
-				return true, nil, nil
-			}
-			if refusedByStandby(pgErr) {
-				// Nothing ran: the standby refused to start the
-				// transaction (a database or role default of
-				// SERIALIZABLE, say). The writer can run it.
-				a.drop()
-				return cn.toWriter(), nil, nil
-			}
-			err := a.err
-			a.finish()
-			return false, nil, err
-		}
-		if b.closed() || errors.Is(a.err, driver.ErrBadConn) || pgconn.SafeToRetry(a.err) {
+		isPg := errors.As(a.err, &pgErr)
+		if isPg && pgErr.Code == "25006" && query != "" {
 			a.drop()
-			cn.dropReplica(b)
-			b.node.markDown()
+			cn.c.classes.learnWrite(query)
+			*cls = cn.c.classes.get(query)
+			return true, nil, nil
+		}
+		if isPg && refusedByStandby(pgErr) {
+			// Nothing ran: the standby refused to start the transaction
+			// (a database or role default of SERIALIZABLE, say). The
+			// writer can run it.
+			a.drop()
+			return cn.toWriter(), nil, nil
+		}
+		if b.closed() || errors.Is(a.err, driver.ErrBadConn) || pgconn.SafeToRetry(a.err) || isPg && replicaFault(pgErr) {
+			// The replica failed the read before any row reached the
+			// caller (pgx reads the first row before returning): a
+			// connection fault, a shutdown, a recovery conflict. A read
+			// is safe to send again, to another node.
+			a.drop()
+			if b.closed() {
+				cn.dropReplica(b)
+				b.node.markDown()
+			}
 			continue
 		}
 		err = a.err
 		a.finish()
 		return false, nil, err
 	}
+}
+
+// replicaFault reports a server error that says the replica, not the
+// statement, failed: connection exceptions (08), shutdown and startup
+// (57P01-57P03), and recovery conflicts, which a standby reports as
+// serialization failures or deadlocks (40001, 40P01) when replay needs what
+// the read holds.
+func replicaFault(e *pgconn.PgError) bool {
+	switch e.Code {
+	case "57P01", "57P02", "57P03", "40001", "40P01":
+		return true
+	}
+	return strings.HasPrefix(e.Code, "08")
 }
 
 // pipelined sends the read with its check in one flush and, while a polled

@@ -118,6 +118,9 @@ func (t *tx) note(query string, err error) {
 	if cls.Pin {
 		t.cn.pinned = true
 	}
+	if cls.Schema {
+		t.cn.schemaGen++
+	}
 	if t.cn.c.mayWrite(&cls) {
 		t.wrote = true
 	}
