@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgryw/pgryw/internal/pgtest"
 )
 
 // Server errors reach the caller as *pgconn.PgError, by errors.As and by a
@@ -34,6 +35,7 @@ func TestIntegrationErrorsUnwrapped(t *testing.T) {
 
 // A caller's deadline ends a wait promptly, long before wait_timeout.
 func TestIntegrationContextEndsWait(t *testing.T) {
+	pgtest.Require(t, cluster)
 	ctx := context.Background()
 	if err := cluster.PauseReplay(ctx, -1); err != nil {
 		t.Fatal(err)
@@ -70,6 +72,7 @@ func TestIntegrationContextEndsWait(t *testing.T) {
 // (they may be paused).
 func newTableNoWait(t *testing.T) string {
 	t.Helper()
+	pgtest.Require(t, cluster)
 	name := "ryw_nowait_" + time.Now().Format("150405_000000")
 	conn, err := pgx.Connect(context.Background(), cluster.WriterDSN())
 	if err != nil {

@@ -63,6 +63,7 @@ func openDSN(t *testing.T, dsn string) (*sql.DB, *pgryw.Connector) {
 // restores 0 (and a caught-up cluster) afterwards.
 func setDelay(t *testing.T, d time.Duration) {
 	t.Helper()
+	pgtest.Require(t, cluster)
 	ctx := context.Background()
 	if err := cluster.SetApplyDelay(ctx, -1, d); err != nil {
 		t.Fatal(err)
@@ -83,6 +84,7 @@ var tableSeq atomic.Int64
 // have it.
 func newTable(t *testing.T) string {
 	t.Helper()
+	pgtest.Require(t, cluster)
 	name := fmt.Sprintf("ryw_%d_%d", os.Getpid(), tableSeq.Add(1))
 	db, err := sql.Open("pgryw", cluster.WriterDSN())
 	if err != nil {

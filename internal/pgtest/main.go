@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -44,6 +45,9 @@ func Required() bool {
 // tests, which should call Require to skip. Any other start failure (servers
 // found but broken) fails the run.
 func Main(m *testing.M, opts Options, set func(*Cluster)) int {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
 	if testing.Short() {
 		// go test -short is the unit run (make unit): no server is started,
 		// on CI too; the integration tests skip and say why.
@@ -94,7 +98,10 @@ func Main(m *testing.M, opts Options, set func(*Cluster)) int {
 func Require(tb testing.TB, c *Cluster) {
 	tb.Helper()
 	if c == nil {
-		if testing.Short() {
+		if !flag.Parsed() {
+		flag.Parse()
+	}
+	if testing.Short() {
 			tb.Skip(ShortMessage)
 		}
 		tb.Skip(SkipMessage)
