@@ -129,7 +129,14 @@ func (c *cutConn) Write(b []byte) (int, error) {
 			end := at + 1 + int(binary.BigEndian.Uint32(b[at+1:at+5]))
 			if end > i {
 				n, _ := c.Conn.Write(b[:min(end, len(b))])
-				c.Conn.Close()
+				// A half close sends FIN after the bytes (a full close with
+				// unread input would send RST, and the server could lose
+				// them): the statement surely arrives, nothing after it.
+				if tc, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+					tc.CloseWrite()
+				} else {
+					c.Conn.Close()
+				}
 				return n, errors.New("cutConn: write cut")
 			}
 			at = end
@@ -139,7 +146,9 @@ func (c *cutConn) Write(b []byte) (int, error) {
 }
 
 // Class 2: a write cut part-way, after the caller's statement reached the
-// server, is never run a second time.
+// server, is never run a second time: the caller gets the error (before the
+// fix the wire layer reported 0 bytes written, pgx called that safe to
+// retry, and database/sql ran the INSERT again and returned success).
 func TestIntegrationPartialWriteRunsOnce(t *testing.T) {
 	table := newTable(t)
 	cfg, err := pgryw.ParseDSN(cluster.WriterDSN() + "&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
@@ -167,11 +176,15 @@ func TestIntegrationPartialWriteRunsOnce(t *testing.T) {
 		if errors.Is(err, driver.ErrBadConn) {
 			t.Fatalf("a statement that reached the server reported as never sent: %v", err)
 		}
+		// The cut statement reached the server, whole. pgx, seeing the
+		// write fail, cancels it (a CancelRequest), so it may or may not
+		// have committed: at most once, never twice.
+		time.Sleep(200 * time.Millisecond)
 		var n int
 		if err := db.QueryRowContext(pgryw.WithPrimary(ctx), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n != i {
+		if n > i {
 			t.Fatalf("after %d cut inserts the table has %d rows", i, n)
 		}
 	}

@@ -167,8 +167,11 @@ func (a *attempt) finish() {
 		return
 	}
 	if !cn.await(a.ctx, b, inj) || inj.Err() != nil {
-		if inj.Err() != nil {
-			b.injectionFailed(stmtPoll, inj.Err())
+		if err := inj.Err(); err != nil {
+			b.injectionFailed(stmtPoll, err)
+			if isRefusal(err) {
+				b.node.markRefused()
+			}
 		}
 		cn.markLost(false)
 		return
@@ -186,6 +189,22 @@ func (a *attempt) finish() {
 	}
 	cn.c.topo.observe(b.node, l, time.Now().UnixNano())
 	cn.sess.wm.Advance(l)
+}
+
+// refusedBackoff is how long a replica that refused to start a transaction
+// under the session's defaults is left out: the defaults come from the DSN,
+// the role or the database, and rarely change.
+const refusedBackoff = time.Minute
+
+// markRefused leaves n out of reads for refusedBackoff.
+func (n *node) markRefused() {
+	n.downUntil.Store(time.Now().Add(refusedBackoff).UnixNano())
+}
+
+// isRefusal is refusedByStandby for any error.
+func isRefusal(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && refusedByStandby(pgErr)
 }
 
 // refusedByStandby reports a standby's refusal to start a transaction at
@@ -268,7 +287,11 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			if b.closed() {
 				cn.dropReplica(b)
 			}
-			b.node.markDown()
+			if isRefusal(chkErr) {
+				b.node.markRefused()
+			} else {
+				b.node.markDown()
+			}
 			continue
 		}
 		switch res {
@@ -317,6 +340,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			// (a database or role default of SERIALIZABLE, say). The
 			// writer can run it.
 			a.drop()
+			b.node.markRefused()
 			return cn.toWriter(), nil, nil
 		}
 		if b.closed() || errors.Is(a.err, driver.ErrBadConn) || pgconn.SafeToRetry(a.err) || isPg && replicaFault(pgErr) {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"reflect"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
 
@@ -64,6 +66,8 @@ type tx struct {
 	ctx       context.Context
 	onReplica bool
 	wrote     bool // a statement that may write ran: the commit moves the watermark
+	opts      driver.TxOptions
+	ran       bool // a statement ran in it
 }
 
 // BeginTx implements driver.ConnBeginTx.
@@ -97,7 +101,7 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 			return nil, err
 		}
 		if !onWriter {
-			cn.tx = &tx{cn: cn, b: on, inner: inner, ctx: ctx, onReplica: true}
+			cn.tx = &tx{cn: cn, b: on, inner: inner, ctx: ctx, onReplica: true, opts: opts}
 			return cn.tx, nil
 		}
 	}
@@ -106,7 +110,7 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 		return nil, err
 	}
 	cn.writer.txOpen = true
-	cn.tx = &tx{cn: cn, b: cn.writer, inner: inner, ctx: ctx}
+	cn.tx = &tx{cn: cn, b: cn.writer, inner: inner, ctx: ctx, opts: opts}
 	return cn.tx, nil
 }
 
@@ -128,14 +132,53 @@ func (t *tx) note(query string, err error) {
 
 func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	res, err := t.b.exec(ctx, query, args)
+	if t.refused(err) {
+		if err = t.moveToWriter(); err == nil {
+			res, err = t.b.exec(ctx, query, args)
+		}
+	}
+	t.ran = true
 	t.note(query, err)
 	return res, err
 }
 
 func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	rows, err := t.b.query(ctx, query, args)
+	if t.refused(err) {
+		if err = t.moveToWriter(); err == nil {
+			rows, err = t.b.query(ctx, query, args)
+		}
+	}
+	t.ran = true
 	t.note(query, err)
 	return rows, err
+}
+
+// refused reports that the standby refused the first statement of a
+// read-only transaction before running it: "cannot use serializable mode
+// in a hot standby", from a database, role or DSN default isolation level
+// that BEGIN alone does not apply.
+func (t *tx) refused(err error) bool {
+	var pgErr *pgconn.PgError
+	return t.onReplica && !t.ran && errors.As(err, &pgErr) && refusedByStandby(pgErr)
+}
+
+// moveToWriter ends the replica's transaction, in which nothing ran, and
+// begins the same one on the writer, where the statement runs instead.
+func (t *tx) moveToWriter() error {
+	t.b.node.markRefused()
+	t.inner.Rollback()
+	cn := t.cn
+	inner, err := cn.writer.conn.(driver.ConnBeginTx).BeginTx(t.ctx, t.opts)
+	if err != nil {
+		cn.tx = nil
+		return err
+	}
+	cn.writer.txOpen = true
+	cn.c.stats.writerReads.Add(1)
+	cn.c.stats.fallbacks.Add(1)
+	t.inner, t.b, t.onReplica = inner, cn.writer, false
+	return nil
 }
 
 // Commit implements driver.Tx. A committed read-write transaction advances
