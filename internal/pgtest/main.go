@@ -98,10 +98,7 @@ func Main(m *testing.M, opts Options, set func(*Cluster)) int {
 func Require(tb testing.TB, c *Cluster) {
 	tb.Helper()
 	if c == nil {
-		if !flag.Parsed() {
-		flag.Parse()
-	}
-	if testing.Short() {
+		if testing.Short() {
 			tb.Skip(ShortMessage)
 		}
 		tb.Skip(SkipMessage)
