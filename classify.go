@@ -2,11 +2,16 @@ package pgryw
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
 
@@ -112,18 +117,57 @@ func (c *Connector) mayWrite(r *sqlclass.Result) bool {
 // the background, and a volatile function (any overload) counts as a write,
 // as pgpool-II does. Until the answer is in, statements calling the
 // function go to the writer.
+//
+// One worker goroutine per connector asks: it starts with the first unknown
+// name, holds at most one writer connection, takes every pending name each
+// turn and asks for all of them in one query. It closes its connection and
+// ends after catalogIdle without work, and at Connector.Close. At most
+// catalogMaxPending names wait; more are not asked now and stay writes. A
+// turn that fails (the writer is down) makes the worker, and each name it
+// asked about, wait a backoff that doubles from catalogBackoffMin to
+// catalogBackoffMax, so a down writer is not hammered.
 type funcCatalog struct {
 	mu      sync.RWMutex
-	known   map[string]bool // name -> read-only
-	pending map[string]bool
+	known   map[string]bool      // name -> read-only
+	queued  map[string]bool      // pending or being asked
+	pending []string             // waiting for the worker's next turn
+	retry   map[string]time.Time // failed names: not asked again before then
+
+	failures  int       // consecutive failed turns
+	notBefore time.Time // the worker's next turn waits until then
+
+	idle    time.Duration // 0: catalogIdle; tests shorten it
+	running bool          // a worker goroutine is running
+	closed  bool          // Connector.Close: no worker starts any more
+	wake    chan struct{}
+	cancel  context.CancelFunc // the running worker's
+	wg      sync.WaitGroup
 }
 
-// sqlFuncVolatility is asked with the name as bind parameters, never
-// spliced: bool_and is NULL when no function has that name (unknown stays a
-// write), false when any overload is volatile.
-const sqlFuncVolatility = `SELECT bool_and(p.provolatile <> 'v') FROM pg_catalog.pg_proc p
-JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-WHERE p.proname = $1 AND ($2 = '' OR n.nspname = $2)`
+const (
+	// catalogMaxPending bounds the names waiting for a look-up.
+	catalogMaxPending = 1024
+	// catalogMaxRetry bounds the failed names remembered for their backoff.
+	catalogMaxRetry = 4 * catalogMaxPending
+	// catalogIdle is how long the worker keeps its connection without work.
+	catalogIdle = 30 * time.Second
+	// catalogTimeout bounds one turn: connecting and the query.
+	catalogTimeout = 10 * time.Second
+	// Backoff after a failed turn: doubles from min to max.
+	catalogBackoffMin = time.Second
+	catalogBackoffMax = 30 * time.Second
+)
+
+// sqlFuncVolatility asks about a batch of names, passed as two text[] bind
+// parameters (schema, empty when unqualified; name), never spliced. Per name,
+// bool_and is NULL when no function has that name (unknown stays a write),
+// false when any overload is volatile. An unqualified name matches every
+// schema. The casts to name truncate as identifiers in SQL are truncated.
+const sqlFuncVolatility = `SELECT q.i, bool_and(p.provolatile <> 'v')
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS q(nsp, name, i)
+LEFT JOIN (pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace)
+  ON p.proname = q.name::name AND (q.nsp = '' OR n.nspname = q.nsp::name)
+GROUP BY q.i`
 
 func (fc *funcCatalog) lookup(name string) (readOnly, known bool) {
 	fc.mu.RLock()
@@ -133,7 +177,8 @@ func (fc *funcCatalog) lookup(name string) (readOnly, known bool) {
 }
 
 // funcReadOnly reports whether f may run on a replica; an unknown name
-// starts a catalog look-up and counts as a write for now.
+// queues a catalog look-up and counts as a write for now. It never blocks
+// on the look-up.
 func (c *Connector) funcReadOnly(f string) bool {
 	if c.writeFuncs[f] {
 		return false
@@ -148,58 +193,250 @@ func (c *Connector) funcReadOnly(f string) bool {
 	return false
 }
 
+// askCatalog queues f for the catalog worker, starting the worker if it is
+// not running. Names already queued, in their failure backoff, or beyond
+// the pending bound are left alone.
 func (c *Connector) askCatalog(f string) {
 	if c.noCatalog {
 		return
 	}
 	fc := &c.funcs
 	fc.mu.Lock()
-	if fc.pending[f] {
-		fc.mu.Unlock()
+	defer fc.mu.Unlock()
+	if fc.closed || fc.queued[f] {
 		return
 	}
-	if fc.pending == nil {
-		fc.pending = map[string]bool{}
-		fc.known = map[string]bool{}
+	if _, ok := fc.known[f]; ok {
+		return
 	}
-	fc.pending[f] = true
-	fc.mu.Unlock()
-	go func() {
-		ro, err := c.queryVolatility(f)
-		fc.mu.Lock()
-		defer fc.mu.Unlock()
-		delete(fc.pending, f)
-		if err == nil {
-			fc.known[f] = ro
+	if until, ok := fc.retry[f]; ok {
+		if time.Now().Before(until) {
+			return
 		}
-	}()
+		delete(fc.retry, f)
+	}
+	if len(fc.pending) >= catalogMaxPending {
+		return
+	}
+	if fc.known == nil {
+		fc.known = map[string]bool{}
+		fc.queued = map[string]bool{}
+		fc.retry = map[string]time.Time{}
+		fc.wake = make(chan struct{}, 1)
+	}
+	if !utf8.ValidString(f) || strings.IndexByte(f, 0) >= 0 {
+		// No catalog of a UTF-8 database has it, and the server would
+		// refuse the whole batch over it.
+		fc.known[f] = false
+		return
+	}
+	fc.queued[f] = true
+	fc.pending = append(fc.pending, f)
+	if !fc.running {
+		ctx, cancel := context.WithCancel(context.Background())
+		fc.running, fc.cancel = true, cancel
+		fc.wg.Add(1)
+		go c.runCatalog(ctx, cancel)
+	}
+	select {
+	case fc.wake <- struct{}{}:
+	default:
+	}
 }
 
-// catalogTimeout bounds one background look-up.
-const catalogTimeout = 10 * time.Second
+// stopCatalog stops the catalog worker for good and waits for it to end,
+// closing its connection.
+func (c *Connector) stopCatalog() {
+	fc := &c.funcs
+	fc.mu.Lock()
+	fc.closed = true
+	cancel := fc.cancel
+	fc.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	fc.wg.Wait()
+}
 
-func (c *Connector) queryVolatility(f string) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), catalogTimeout)
+// runCatalog is the catalog worker: each turn it takes every pending name
+// and asks the writer about them in one query, over the one connection it
+// keeps. It ends when idle for catalogIdle or when ctx is cancelled.
+func (c *Connector) runCatalog(ctx context.Context, cancel context.CancelFunc) {
+	fc := &c.funcs
+	var b *backend
+	defer func() {
+		if b != nil {
+			b.close()
+		}
+		cancel()
+		fc.wg.Done()
+	}()
+	idleFor := catalogIdle
+	if fc.idle > 0 {
+		idleFor = fc.idle
+	}
+	idle := time.NewTimer(idleFor)
+	defer idle.Stop()
+	backoff := time.NewTimer(catalogIdle)
+	backoff.Stop()
+	defer backoff.Stop()
+	idleSince := time.Now()
+	for {
+		fc.mu.Lock()
+		names := fc.pending
+		wait := time.Until(fc.notBefore)
+		if ctx.Err() != nil {
+			fc.running = false
+			fc.mu.Unlock()
+			return
+		}
+		if len(names) > 0 && wait <= 0 {
+			fc.pending = nil
+			fc.mu.Unlock()
+			b = c.askBatch(ctx, b, names)
+			idleSince = time.Now()
+			idle.Reset(idleFor)
+			continue
+		}
+		if len(names) == 0 && b == nil && time.Since(idleSince) >= idleFor {
+			// b == nil: the idle branch below has closed the connection, so
+			// a worker started after this one never overlaps it.
+			fc.running = false
+			fc.mu.Unlock()
+			return
+		}
+		fc.mu.Unlock()
+		var retry <-chan time.Time
+		if len(names) > 0 {
+			backoff.Reset(wait)
+			retry = backoff.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-fc.wake:
+		case <-retry:
+		case <-idle.C:
+			// Idle: let the writer have its connection back. With names
+			// waiting out a backoff, the worker stays for them.
+			if b != nil {
+				b.close()
+				b = nil
+			}
+			idle.Reset(idleFor)
+		}
+	}
+}
+
+// askBatch asks the writer about names over b, connecting first when there
+// is no usable connection, records the answers or the failure, and returns
+// the connection to keep for the next turn (nil for none).
+func (c *Connector) askBatch(ctx context.Context, b *backend, names []string) *backend {
+	qctx, cancel := context.WithTimeout(ctx, catalogTimeout)
 	defer cancel()
-	dc, err := c.dial(ctx, c.topo.writer)
-	if err != nil {
-		return false, err
+	if b != nil && b.closed() {
+		b.close()
+		b = nil
 	}
-	b := newBackend(dc, c.topo.writer)
-	defer b.close()
+	var (
+		ro  []bool
+		err error
+	)
+	if b == nil {
+		var dc driver.Conn
+		if dc, err = c.dial(qctx, c.topo.writer); err == nil {
+			b = newBackend(dc, c.topo.writer)
+		}
+	}
+	if err == nil {
+		ro, err = queryVolatility(qctx, b, names)
+		if err != nil && (b.pg == nil || b.closed()) {
+			b.close()
+			b = nil
+		}
+	}
+	c.funcs.answered(names, ro, err, ctx.Err() != nil)
+	return b
+}
+
+// answered records a turn's outcome: each name's answer, or on failure a
+// backoff before the worker, and each of these names, try again.
+func (fc *funcCatalog) answered(names []string, ro []bool, err error, stopping bool) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	for _, f := range names {
+		delete(fc.queued, f)
+	}
+	if stopping {
+		return
+	}
+	if err == nil {
+		fc.failures = 0
+		fc.notBefore = time.Time{}
+		for i, f := range names {
+			fc.known[f] = ro[i]
+		}
+		return
+	}
+	fc.failures++
+	d := catalogBackoffMax
+	if fc.failures <= 5 && catalogBackoffMin<<(fc.failures-1) < d {
+		d = catalogBackoffMin << (fc.failures - 1)
+	}
+	fc.notBefore = time.Now().Add(d)
+	if len(fc.retry)+len(names) > catalogMaxRetry {
+		now := time.Now()
+		for f, until := range fc.retry {
+			if !now.Before(until) {
+				delete(fc.retry, f)
+			}
+		}
+	}
+	for _, f := range names {
+		if len(fc.retry) >= catalogMaxRetry {
+			break // the worker's own backoff still spares the writer
+		}
+		fc.retry[f] = fc.notBefore
+	}
+}
+
+// queryVolatility asks the writer over b whether each of names is
+// read-only, in one query; ro[i] answers names[i].
+func queryVolatility(ctx context.Context, b *backend, names []string) ([]bool, error) {
 	if b.pg == nil {
-		return false, errors.New("pgryw: catalog look-up needs a pgx connection")
+		return nil, errors.New("pgryw: catalog look-up needs a pgx connection")
 	}
-	schema, name := "", f
-	if i := strings.LastIndexByte(f, '.'); i >= 0 {
-		schema, name = f[:i], f[i+1:]
+	schemas, bare := make([]string, len(names)), make([]string, len(names))
+	for i, f := range names {
+		bare[i] = f
+		if j := strings.LastIndexByte(f, '.'); j >= 0 {
+			schemas[i], bare[i] = f[:j], f[j+1:]
+		}
 	}
-	res := b.pg.ExecParams(ctx, sqlFuncVolatility, [][]byte{[]byte(name), []byte(schema)}, nil, nil, nil).Read()
+	types := pgtype.NewMap() // not safe for concurrent use; one per turn is cheap
+	p1, err := types.Encode(pgtype.TextArrayOID, pgtype.BinaryFormatCode, schemas, nil)
+	if err != nil {
+		return nil, fmt.Errorf("pgryw: catalog look-up: encoding schema names: %w", err)
+	}
+	p2, err := types.Encode(pgtype.TextArrayOID, pgtype.BinaryFormatCode, bare, nil)
+	if err != nil {
+		return nil, fmt.Errorf("pgryw: catalog look-up: encoding function names: %w", err)
+	}
+	res := b.pg.ExecParams(ctx, sqlFuncVolatility, [][]byte{p1, p2},
+		[]uint32{pgtype.TextArrayOID, pgtype.TextArrayOID},
+		[]int16{pgtype.BinaryFormatCode, pgtype.BinaryFormatCode}, nil).Read()
 	if res.Err != nil {
-		return false, res.Err
+		return nil, res.Err
 	}
-	if len(res.Rows) != 1 {
-		return false, errors.New("pgryw: catalog look-up returned no row")
+	if len(res.Rows) != len(names) {
+		return nil, fmt.Errorf("pgryw: catalog look-up returned %d rows for %d names", len(res.Rows), len(names))
 	}
-	return string(res.Rows[0][0]) == "t", nil
+	ro := make([]bool, len(names))
+	for _, row := range res.Rows {
+		i, err := strconv.Atoi(string(row[0]))
+		if err != nil || i < 1 || i > len(names) {
+			return nil, fmt.Errorf("pgryw: catalog look-up returned row number %q for %d names", row[0], len(names))
+		}
+		ro[i-1] = string(row[1]) == "t"
+	}
+	return ro, nil
 }

@@ -1,14 +1,17 @@
 package pgryw
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // OnTimeout says what a replica read does when the replica has not replayed
@@ -150,6 +153,12 @@ func ParseDSN(dsn string) (*Config, error) {
 		writer, pairs, err = splitKeywordValue(dsn)
 	}
 	if err != nil {
+		return nil, err
+	}
+	// Before any value is judged (and quoted in an error): only a writer
+	// string whose parts pgx reads one way only says for sure which text is
+	// a password.
+	if err := checkWriterSyntax(writer); err != nil {
 		return nil, err
 	}
 	seen := map[string]bool{}
@@ -364,14 +373,30 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// writerConfig parses Writer with pgx. pgx redacts the password in its own
-// parse errors; we add only which part failed.
+// writerConfig parses Writer with pgx. Its error message is built here
+// and names no secret: pgx's own messages quote the connection string,
+// redacted on a best-effort basis only.
 func (c *Config) writerConfig() (*pgx.ConnConfig, error) {
+	if err := checkWriterSyntax(c.Writer); err != nil {
+		return nil, err
+	}
 	pc, err := pgx.ParseConfig(c.Writer)
 	if err != nil {
-		return nil, fmt.Errorf("pgryw: writer connection string: %w", err)
+		return nil, errors.New("pgryw: writer connection string: " + scrubSecrets(c.Writer, pgxMessage(err)))
 	}
 	return pc, nil
+}
+
+// pgxMessage returns err's message without the connection string pgx
+// quotes in a *pgconn.ParseConfigError.
+func pgxMessage(err error) string {
+	pce, ok := err.(*pgconn.ParseConfigError)
+	if !ok {
+		return err.Error()
+	}
+	cp := *pce
+	cp.ConnString = ""
+	return strings.TrimPrefix(cp.Error(), "cannot parse ``: ")
 }
 
 // FormatDSN returns a DSN that ParseDSN turns back into an equal Config: the
@@ -406,12 +431,15 @@ func (c *Config) FormatDSN() string {
 	}
 	var b strings.Builder
 	if isURL(c.Writer) {
-		// Keys go into the query string, ahead of any #fragment.
-		base, frag, _ := strings.Cut(c.Writer, "#")
-		b.WriteString(base)
+		// Keys go at the end of the query string, where pgx finds it (pgx
+		// has no #fragment: '#' is data).
+		b.WriteString(c.Writer)
 		sep := "?"
-		if strings.Contains(base, "?") {
+		if u := parsePGURL(c.Writer); u.hasQuery {
 			sep = "&"
+			if u.query == "" || strings.HasSuffix(u.query, "&") {
+				sep = ""
+			}
 		}
 		for _, p := range pairs {
 			b.WriteString(sep)
@@ -419,10 +447,6 @@ func (c *Config) FormatDSN() string {
 			b.WriteByte('=')
 			b.WriteString(url.QueryEscape(p.value))
 			sep = "&"
-		}
-		if strings.Contains(c.Writer, "#") {
-			b.WriteByte('#')
-			b.WriteString(frag)
 		}
 		return b.String()
 	}
@@ -438,7 +462,11 @@ func (c *Config) FormatDSN() string {
 	return b.String()
 }
 
-// String is FormatDSN with any password replaced, for logs and %v.
+// String is FormatDSN with every secret replaced by xxxxx, for logs and %v:
+// the URL's password, and the value of every key whose name says password,
+// passwd or secret (password, sslpassword, oauth_client_secret), in either
+// form, however its key is spelled (pass%77ord). A writer string whose parts
+// pgx could read two ways is not shown at all.
 func (c *Config) String() string {
 	return redactDSN(c.FormatDSN())
 }
@@ -449,19 +477,17 @@ func isURL(s string) bool {
 
 // splitURL removes pgryw's keys from a URL's query string, keeping every
 // other byte of the URL as it was so pgx sees exactly what the user wrote.
+// The query string starts where pgx finds it: a '?' in the user information
+// (a password) or in an [IPv6] host does not start it.
 func splitURL(dsn string) (string, []dsnPair, error) {
-	q := strings.IndexByte(dsn, '?')
-	if q < 0 {
+	u := parsePGURL(dsn)
+	if !u.hasQuery {
 		return dsn, nil, nil
 	}
-	frag := ""
-	rest := dsn[q+1:]
-	if h := strings.IndexByte(rest, '#'); h >= 0 {
-		rest, frag = rest[:h], rest[h:]
-	}
+	q := len(dsn) - len(u.query) - 1 // the '?'
 	var kept []string
 	var pairs []dsnPair
-	for _, raw := range strings.Split(rest, "&") {
+	for _, raw := range strings.Split(u.query, "&") {
 		if raw == "" {
 			continue
 		}
@@ -481,7 +507,7 @@ func splitURL(dsn string) (string, []dsnPair, error) {
 	if len(kept) > 0 {
 		w += "?" + strings.Join(kept, "&")
 	}
-	return w + frag, pairs, nil
+	return w, pairs, nil
 }
 
 // splitKeywordValue removes pgryw's keys from a libpq keyword/value string.
@@ -490,42 +516,96 @@ func splitURL(dsn string) (string, []dsnPair, error) {
 func splitKeywordValue(dsn string) (string, []dsnPair, error) {
 	var kept []string
 	var pairs []dsnPair
+	kvs, bad := scanKeywordValue(dsn)
+	if bad.at >= 0 {
+		switch {
+		case isDSNKey(bad.key) && bad.unterminated:
+			return "", nil, fmt.Errorf("pgryw: DSN key %s: unterminated quoted value", bad.key)
+		case isDSNKey(bad.key):
+			return "", nil, fmt.Errorf("pgryw: DSN key %s has no value (write %s=value)", bad.key, bad.key)
+		}
+		return "", nil, bad.err()
+	}
+	for _, p := range kvs {
+		switch {
+		case isDSNKey(p.key):
+			pairs = append(pairs, dsnPair{p.key, p.value})
+		case p.value == "" && !p.quoted:
+			// An empty unquoted value ends the string; once pgryw's keys
+			// follow it, it would swallow the next one. Quote it.
+			kept = append(kept, p.key+"=''")
+		default:
+			kept = append(kept, dsn[p.start:p.end])
+		}
+	}
+	return strings.Join(kept, " "), pairs, nil
+}
+
+// kvPair is one keyword=value pair of a keyword/value string.
+type kvPair struct {
+	key        string
+	value      string // with quotes and backslash escapes removed
+	start, end int    // the pair's text
+	valStart   int    // the value's text, from its opening quote if quoted
+	quoted     bool
+}
+
+// kvBad says where a keyword/value string stops making sense.
+type kvBad struct {
+	at           int    // byte offset of the offending pair; -1 when none
+	key          string // its keyword as far as it goes
+	unterminated bool   // a quoted value without its closing quote; else a keyword without '='
+}
+
+// err describes the problem without quoting any of the text, which may be
+// a password the user meant to write.
+func (b kvBad) err() error {
+	what := `a keyword without "=" (quote values with spaces: key='a b')`
+	if b.unterminated {
+		what = "a quoted value without its closing quote"
+	}
+	return fmt.Errorf("pgryw: writer connection string: %s at byte %d", what, b.at)
+}
+
+// scanKeywordValue reads a libpq keyword/value string as pgx does: keyword,
+// optional spaces, '=', optional spaces, then a value that is either quoted
+// ('…', with \' and \\) or runs to the next space (with \ escaping the next
+// byte). It returns the pairs up to where the text stops making sense.
+func scanKeywordValue(s string) ([]kvPair, kvBad) {
+	var out []kvPair
 	i := 0
 	for {
-		for i < len(dsn) && isSpace(dsn[i]) {
+		for i < len(s) && isSpace(s[i]) {
 			i++
 		}
-		if i >= len(dsn) {
-			break
+		if i >= len(s) {
+			return out, kvBad{at: -1}
 		}
-		start := i
-		for i < len(dsn) && dsn[i] != '=' && !isSpace(dsn[i]) {
+		p := kvPair{start: i}
+		for i < len(s) && s[i] != '=' && !isSpace(s[i]) {
 			i++
 		}
-		key := dsn[start:i]
-		for i < len(dsn) && isSpace(dsn[i]) {
+		p.key = s[p.start:i]
+		for i < len(s) && isSpace(s[i]) {
 			i++
 		}
-		if i >= len(dsn) || dsn[i] != '=' {
-			// Leave malformed text for pgx to report; but never as pgryw's.
-			if isDSNKey(key) {
-				return "", nil, fmt.Errorf("pgryw: DSN key %s has no value (write %s=value)", key, key)
-			}
-			kept = append(kept, dsn[start:])
-			break
+		if i >= len(s) || s[i] != '=' {
+			return out, kvBad{at: p.start, key: p.key}
 		}
 		i++
-		for i < len(dsn) && isSpace(dsn[i]) {
+		for i < len(s) && isSpace(s[i]) {
 			i++
 		}
+		p.valStart = i
 		var val strings.Builder
-		if i < len(dsn) && dsn[i] == '\'' {
+		if i < len(s) && s[i] == '\'' {
+			p.quoted = true
 			i++
 			closed := false
-			for i < len(dsn) {
-				ch := dsn[i]
-				if ch == '\\' && i+1 < len(dsn) {
-					val.WriteByte(dsn[i+1])
+			for i < len(s) {
+				ch := s[i]
+				if ch == '\\' && i+1 < len(s) {
+					val.WriteByte(s[i+1])
 					i += 2
 					continue
 				}
@@ -538,35 +618,22 @@ func splitKeywordValue(dsn string) (string, []dsnPair, error) {
 				i++
 			}
 			if !closed {
-				if isDSNKey(key) {
-					return "", nil, fmt.Errorf("pgryw: DSN key %s: unterminated quoted value", key)
-				}
-				kept = append(kept, dsn[start:])
-				break
+				return out, kvBad{at: p.start, key: p.key, unterminated: true}
 			}
 		} else {
-			for i < len(dsn) && !isSpace(dsn[i]) {
-				if dsn[i] == '\\' && i+1 < len(dsn) {
-					val.WriteByte(dsn[i+1])
+			for i < len(s) && !isSpace(s[i]) {
+				if s[i] == '\\' && i+1 < len(s) {
+					val.WriteByte(s[i+1])
 					i += 2
 					continue
 				}
-				val.WriteByte(dsn[i])
+				val.WriteByte(s[i])
 				i++
 			}
 		}
-		switch {
-		case isDSNKey(key):
-			pairs = append(pairs, dsnPair{key, val.String()})
-		case val.Len() == 0 && dsn[i-1] != '\'':
-			// An empty unquoted value ends the string; once pgryw's keys
-			// follow it, it would swallow the next one. Quote it.
-			kept = append(kept, key+"=''")
-		default:
-			kept = append(kept, dsn[start:i])
-		}
+		p.value, p.end = val.String(), i
+		out = append(out, p)
 	}
-	return strings.Join(kept, " "), pairs, nil
 }
 
 func isSpace(b byte) bool {
@@ -582,92 +649,360 @@ func quoteKV(v string) string {
 	return "'" + r.Replace(v) + "'"
 }
 
-// redactDSN hides the password in either DSN form.
-func redactDSN(s string) string {
-	if isURL(s) {
-		scheme := s[:strings.Index(s, "://")+3]
-		rest := s[len(scheme):]
-		end := strings.IndexAny(rest, "/?#")
-		if end < 0 {
-			end = len(rest)
-		}
-		auth := rest[:end]
-		if at := strings.LastIndexByte(auth, '@'); at >= 0 {
-			if c := strings.IndexByte(auth[:at], ':'); c >= 0 {
-				rest = auth[:c] + ":xxxxx" + rest[at:]
-			}
-		}
-		s = scheme + rest
-		// password may also be a query parameter.
-		return redactKVLike(s, "password=", "&#")
-	}
-	return redactKVLike(s, "password", "")
+// pgURL is a postgres:// URL cut where pgx cuts it, each part as written.
+// pgx has its own URL parser (libpq's rules), not net/url's: the user
+// information ends at the first '@' if one comes before any '/', and the
+// password follows the first ':' in it; hosts are a comma-separated list of
+// host[:port], IPv6 in brackets; the query string starts at the next '?';
+// '#' is data, not a fragment; '+' is a plus.
+type pgURL struct {
+	scheme   string // "postgres://" or "postgresql://"
+	userinfo bool   // user information ends at an '@'
+	user     string
+	password string
+	hasPass  bool
+	netloc   string // hosts and ports
+	path     string // after '/', when hasPath
+	hasPath  bool
+	query    string // after '?', when hasQuery
+	hasQuery bool
+	// problem says why pgx would refuse the URL, or could be reading it
+	// other than as meant (a stray '@' is most likely a password's);
+	// "" when neither.
+	problem string
 }
 
-// redactKVLike replaces the value after each occurrence of key with xxxxx.
-// For keyword/value strings (stop == "") the value ends at unquoted space.
-func redactKVLike(s, key, stop string) string {
-	var b strings.Builder
-	for {
-		i := strings.Index(s, key)
-		if i < 0 {
-			b.WriteString(s)
-			return b.String()
+func parsePGURL(s string) pgURL {
+	var u pgURL
+	p := s
+	for _, pre := range []string{"postgresql://", "postgres://"} {
+		if rest, ok := strings.CutPrefix(s, pre); ok {
+			u.scheme, p = pre, rest
+			break
 		}
-		j := i + len(key)
-		if stop == "" {
-			// Keyword/value: key must stand alone, then optional spaces and '='.
-			if i > 0 && !isSpace(s[i-1]) {
-				b.WriteString(s[:j])
-				s = s[j:]
-				continue
-			}
-			for j < len(s) && isSpace(s[j]) {
-				j++
-			}
-			if j >= len(s) || s[j] != '=' {
-				b.WriteString(s[:j])
-				s = s[j:]
-				continue
-			}
-			j++
-			for j < len(s) && isSpace(s[j]) {
-				j++
-			}
-			b.WriteString(s[:j])
-			k := j
-			if k < len(s) && s[k] == '\'' {
-				k++
-				for k < len(s) && s[k] != '\'' {
-					if s[k] == '\\' {
-						k++
-					}
-					k++
-				}
-				k++
-			} else {
-				for k < len(s) && !isSpace(s[k]) {
-					k++
-				}
-			}
-			if k > len(s) {
-				k = len(s)
-			}
-			b.WriteString("xxxxx")
-			s = s[k:]
-			continue
-		}
-		if i > 0 && s[i-1] != '?' && s[i-1] != '&' {
-			b.WriteString(s[:j])
-			s = s[j:]
-			continue
-		}
-		b.WriteString(s[:j])
-		k := j
-		for k < len(s) && !strings.ContainsRune(stop, rune(s[k])) {
-			k++
-		}
-		b.WriteString("xxxxx")
-		s = s[k:]
 	}
+	if u.scheme == "" {
+		u.problem = "not a postgres:// or postgresql:// URL"
+		return u
+	}
+	if i := strings.IndexAny(p, "@/"); i >= 0 && p[i] == '@' {
+		u.userinfo = true
+		u.user, u.password, u.hasPass = strings.Cut(p[:i], ":")
+		p = p[i+1:]
+	}
+	// Hosts run to the first '/' or '?' outside an element's [brackets].
+	i := 0
+	for {
+		if i < len(p) && p[i] == '[' {
+			j := strings.IndexByte(p[i:], ']')
+			if j < 0 {
+				u.netloc = p
+				u.problem = `a "[" without its "]" in the host`
+				return u
+			}
+			i += j + 1
+		}
+		for i < len(p) && p[i] != '/' && p[i] != '?' && p[i] != ',' {
+			i++
+		}
+		if i < len(p) && p[i] == ',' {
+			i++
+			continue
+		}
+		break
+	}
+	u.netloc, p = p[:i], p[i:]
+	if strings.HasPrefix(p, "/") {
+		u.hasPath = true
+		u.path, u.query, u.hasQuery = strings.Cut(p[1:], "?")
+	} else if strings.HasPrefix(p, "?") {
+		u.query, u.hasQuery = p[1:], true
+	}
+	u.problem = u.check(s)
+	return u
+}
+
+// check returns why pgx would refuse u, or may read it other than as
+// meant; "" when neither. It follows pgx's parseURLSettings, and also
+// refuses an '@' after the user information, which pgx would take as part
+// of a host, port or database name but is far more likely the rest of a
+// password with a literal '@' (write %40).
+func (u *pgURL) check(s string) string {
+	if strings.IndexByte(s, 0) >= 0 {
+		return "a NUL byte"
+	}
+	if u.userinfo {
+		if _, why := uriDecode(u.user); why != "" {
+			return "user name: " + why
+		}
+		if u.hasPass && u.password != "" {
+			if _, why := uriDecode(u.password); why != "" {
+				return "password: " + why
+			}
+		}
+	}
+	var hosts, ports strings.Builder
+	p := u.netloc
+	for {
+		if strings.HasPrefix(p, "[") {
+			end := strings.IndexByte(p, ']')
+			if end == 1 {
+				return "an empty [IPv6] host"
+			}
+			hosts.WriteString(p[1:end])
+			p = p[end+1:]
+			if p != "" && p[0] != ':' && p[0] != ',' {
+				return `a character other than ":" after an [IPv6] host`
+			}
+		} else {
+			i := strings.IndexAny(p, ":,")
+			if i < 0 {
+				i = len(p)
+			}
+			hosts.WriteString(p[:i])
+			p = p[i:]
+		}
+		if strings.HasPrefix(p, ":") {
+			i := strings.IndexByte(p, ',')
+			if i < 0 {
+				i = len(p)
+			}
+			ports.WriteString(p[1:i])
+			p = p[i:]
+		}
+		if !strings.HasPrefix(p, ",") {
+			break
+		}
+		p = p[1:]
+		hosts.WriteByte(',')
+		ports.WriteByte(',')
+	}
+	if strings.ContainsRune(u.netloc, '@') {
+		return `an "@" after the user information (write "@" in a password as %40)`
+	}
+	if _, why := uriDecode(hosts.String()); why != "" {
+		return "host: " + why
+	}
+	pl, why := uriDecode(ports.String())
+	if why != "" {
+		return "port: " + why
+	}
+	for _, r := range pl {
+		if r != ',' && (r < '0' || r > '9') {
+			return "a port that is not a number"
+		}
+	}
+	if u.hasPath && u.path != "" {
+		if strings.ContainsRune(u.path, '@') {
+			return `an "@" in the database name (write it as %40)`
+		}
+		if _, why := uriDecode(u.path); why != "" {
+			return "database name: " + why
+		}
+	}
+	params, n := u.query, 0
+	for params != "" {
+		n++
+		pair, rest, _ := strings.Cut(params, "&")
+		params = rest
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok {
+			return fmt.Sprintf(`query parameter %d has no "="`, n)
+		}
+		if strings.ContainsRune(v, '=') {
+			return fmt.Sprintf(`query parameter %d has a second "=" (write it as %%3D)`, n)
+		}
+		if _, why := uriDecode(k); why != "" {
+			return fmt.Sprintf("query parameter %d: key: %s", n, why)
+		}
+		if _, why := uriDecode(v); why != "" {
+			return fmt.Sprintf("query parameter %d: value: %s", n, why)
+		}
+	}
+	return ""
+}
+
+// uriDecode percent-decodes one URL part as pgx does: '%' and two hex
+// digits, %00 refused, leading and trailing spaces dropped, inner spaces
+// refused, '+' left alone. why says what is wrong, quoting nothing.
+func uriDecode(raw string) (string, string) {
+	raw = strings.Trim(raw, " ")
+	if strings.IndexByte(raw, ' ') >= 0 {
+		return "", "a space (write it as %20)"
+	}
+	if !strings.Contains(raw, "%") {
+		return raw, ""
+	}
+	var b strings.Builder
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '%' {
+			b.WriteByte(raw[i])
+			continue
+		}
+		if i+2 >= len(raw) || !isHex(raw[i+1]) || !isHex(raw[i+2]) {
+			return "", `a "%" not followed by two hex digits`
+		}
+		c := unhex(raw[i+1])<<4 | unhex(raw[i+2])
+		if c == 0 {
+			return "", "%00"
+		}
+		b.WriteByte(c)
+		i += 2
+	}
+	return b.String(), ""
+}
+
+func isHex(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= 'a':
+		return c - 'a' + 10
+	case c >= 'A':
+		return c - 'A' + 10
+	}
+	return c - '0'
+}
+
+// uriDecodeLenient decodes what it can and keeps the rest, for finding
+// secret keys and values in text that did not decode.
+func uriDecodeLenient(raw string) string {
+	if v, why := uriDecode(raw); why == "" {
+		return v
+	}
+	if v, err := url.PathUnescape(raw); err == nil {
+		return v
+	}
+	return raw
+}
+
+// isSecretKey reports whether a connection string key holds a secret: pgx's
+// password and sslpassword, libpq's oauth_client_secret, and to be safe any
+// key whose name says so in any case.
+func isSecretKey(k string) bool {
+	k = strings.ToLower(k)
+	return strings.Contains(k, "password") || strings.Contains(k, "passwd") || strings.Contains(k, "secret")
+}
+
+// checkWriterSyntax reports a writer string pgx would refuse, or whose
+// parts it could read other than as meant, naming the problem and where
+// but quoting none of the text.
+func checkWriterSyntax(s string) error {
+	if isURL(s) {
+		if u := parsePGURL(s); u.problem != "" {
+			return fmt.Errorf("pgryw: writer connection string: malformed URL: %s", u.problem)
+		}
+		return nil
+	}
+	if _, bad := scanKeywordValue(s); bad.at >= 0 {
+		return bad.err()
+	}
+	return nil
+}
+
+const (
+	redacted           = "xxxxx"
+	redactedURL        = "<unparseable URL: redacted>"
+	redactedKVTail     = "<unparseable rest: redacted>"
+	redactedMaxSecrets = 64
+)
+
+// redactDSN replaces every secret in either DSN form with xxxxx. Text it
+// cannot take apart the way pgx does is not shown: a whole URL, or a
+// keyword/value string from the first pair that does not parse.
+func redactDSN(s string) string {
+	if isURL(s) {
+		u := parsePGURL(s)
+		if u.problem != "" {
+			return redactedURL
+		}
+		var b strings.Builder
+		b.WriteString(u.scheme)
+		if u.userinfo {
+			b.WriteString(u.user)
+			if u.hasPass {
+				b.WriteString(":" + redacted)
+			}
+			b.WriteByte('@')
+		}
+		b.WriteString(u.netloc)
+		if u.hasPath {
+			b.WriteString("/" + u.path)
+		}
+		if u.hasQuery {
+			b.WriteByte('?')
+			for i, pair := range strings.Split(u.query, "&") {
+				if i > 0 {
+					b.WriteByte('&')
+				}
+				k, _, hasValue := strings.Cut(pair, "=")
+				if hasValue && isSecretKey(uriDecodeLenient(k)) {
+					b.WriteString(k + "=" + redacted)
+				} else {
+					b.WriteString(pair)
+				}
+			}
+		}
+		return b.String()
+	}
+	kvs, bad := scanKeywordValue(s)
+	var b strings.Builder
+	last := 0
+	for _, p := range kvs {
+		if isSecretKey(p.key) {
+			b.WriteString(s[last:p.valStart])
+			b.WriteString(redacted)
+			last = p.end
+		}
+	}
+	if bad.at >= 0 {
+		b.WriteString(s[last:bad.at])
+		b.WriteString(redactedKVTail)
+		return b.String()
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+// scrubSecrets replaces in msg every secret dsn holds, as written and
+// decoded, for messages from pgx.
+func scrubSecrets(dsn, msg string) string {
+	var secrets []string
+	add := func(v string) {
+		if v != "" && len(secrets) < redactedMaxSecrets {
+			secrets = append(secrets, v)
+			if q := strconv.Quote(v); q[1:len(q)-1] != v {
+				secrets = append(secrets, q[1:len(q)-1])
+			}
+		}
+	}
+	if isURL(dsn) {
+		u := parsePGURL(dsn)
+		if u.hasPass {
+			add(u.password)
+			add(uriDecodeLenient(u.password))
+		}
+		for _, pair := range strings.Split(u.query, "&") {
+			if k, v, ok := strings.Cut(pair, "="); ok && isSecretKey(uriDecodeLenient(k)) {
+				add(v)
+				add(uriDecodeLenient(v))
+			}
+		}
+	} else {
+		kvs, _ := scanKeywordValue(dsn)
+		for _, p := range kvs {
+			if isSecretKey(p.key) {
+				add(dsn[p.valStart:p.end])
+				add(p.value)
+			}
+		}
+	}
+	// Longest first, so that a secret containing another is replaced whole.
+	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	for _, v := range secrets {
+		msg = strings.ReplaceAll(msg, v, redacted)
+	}
+	return msg
 }

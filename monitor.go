@@ -45,9 +45,11 @@ func (c *Connector) startMonitor() {
 	})
 }
 
-// Close implements io.Closer: it stops the background monitor. Open
+// Close implements io.Closer: it stops the background monitor and the
+// catalog worker, and waits for both to close their connections. Open
 // connections are closed by database/sql as usual.
 func (c *Connector) Close() error {
+	c.stopCatalog()
 	c.mon.mu.Lock()
 	c.mon.closed = true
 	cancel, done := c.mon.cancel, c.mon.done
@@ -99,6 +101,11 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 	}
 	row, null, err := b.control(ctx, sqlPoll)
 	if err != nil {
+		if isRefusal(err) {
+			// The session's defaults (SERIALIZABLE) cannot run there.
+			n.markRefused()
+			return b
+		}
 		b.close()
 		n.markDown()
 		return nil

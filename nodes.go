@@ -73,7 +73,8 @@ func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) (best *n
 		return nil, false
 	}
 	now := time.Now().UnixNano()
-	start := int(t.next.Add(1)) % n
+	// In uint32: on 32-bit platforms int(next) turns negative past 2^31.
+	start := int(t.next.Add(1) % uint32(n))
 	var lost *node
 	for k := 0; k < n; k++ {
 		r := t.replicas[(start+k)%n]

@@ -76,7 +76,8 @@ func (b *baseline) insert(ctx context.Context, id, v int64) error {
 
 func (b *baseline) read(ctx context.Context, id int64) (sql.NullInt64, int64, error) {
 	// Spread reads over the replicas by id; with one replica it is always 0.
-	replica := b.p.replicas[int(id)%len(b.p.replicas)]
+	// In uint64: int(id) wraps negative on 32-bit platforms.
+	replica := b.p.replicas[uint64(id)%uint64(len(b.p.replicas))]
 	switch b.kind {
 	case stickyPrimary:
 		return b.get(ctx, b.p.primary, id)
