@@ -20,6 +20,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"math"
 	"net"
 	"sync"
 	"time"
@@ -226,10 +227,11 @@ func scanFrontend(b []byte) (syncs int, exec bool, parses int, ok bool) {
 			return 0, false, 0, false
 		}
 		t := b[i]
-		n := int(binary.BigEndian.Uint32(b[i+1 : i+5]))
-		if n < 4 || len(b)-i-1 < n {
+		n32 := binary.BigEndian.Uint32(b[i+1 : i+5])
+		if n32 < 4 || uint64(n32) > uint64(len(b)-i-1) {
 			return 0, false, 0, false
 		}
+		n := int(n32) // fits: at most len(b)
 		switch t {
 		case 'P':
 			if n > 4 && b[i+5] != 0 { // a name, not the unnamed statement
@@ -297,7 +299,10 @@ func (c *Conn) filter(p []byte) int {
 				w++
 			}
 			if c.hdrN == 5 {
-				c.left = int(binary.BigEndian.Uint32(c.hdr[1:5])) - 4
+				// In uint64: a length of 2^31 or more is negative as a
+				// 32-bit int (pgx refuses such messages anyway).
+				l := uint64(binary.BigEndian.Uint32(c.hdr[1:5]))
+				c.left = int(min(max(l, 4)-4, math.MaxInt32))
 				c.body = c.body[:0]
 				if c.left <= 0 {
 					c.left = 0
