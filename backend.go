@@ -100,18 +100,51 @@ func (b *backend) stillStandby() bool {
 
 func (b *backend) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	if e, ok := b.conn.(driver.ExecerContext); ok {
+		sent := b.sent()
 		res, err := e.ExecContext(ctx, query, args)
-		return res, serverError(err)
+		return res, b.callerError(err, sent)
 	}
 	return nil, driver.ErrSkip
 }
 
 func (b *backend) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	if q, ok := b.conn.(driver.QueryerContext); ok {
+		sent := b.sent()
 		rows, err := q.QueryContext(ctx, query, args)
-		return rows, serverError(err)
+		return rows, b.callerError(err, sent)
 	}
 	return nil, driver.ErrSkip
+}
+
+// sent counts the bytes pgx has written on b's socket.
+func (b *backend) sent() uint64 {
+	if b.wire == nil {
+		return 0
+	}
+	return b.wire.Sent()
+}
+
+// ErrConnLost is returned when a server connection failed after a
+// statement's bytes had gone out: the statement may or may not have run.
+// pgx v5.12 calls some of these failures safe to retry (a read that fails
+// after a no-argument statement was sent), and database/sql would then run
+// the statement again on another connection; pgryw reports them as this
+// instead. driver.ErrBadConn reaches database/sql only when no byte of the
+// statement left.
+var ErrConnLost = errors.New("pgryw: connection lost after the statement was sent; it may or may not have run")
+
+// callerError turns err from a statement on b into what the caller gets:
+// ErrConnLost for a driver.ErrBadConn that came after bytes left (sent is
+// the count before the statement), and the server's error bare (see
+// serverError).
+func (b *backend) callerError(err error, sent uint64) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, driver.ErrBadConn) && b.wire != nil && b.wire.Sent() != sent {
+		return ErrConnLost
+	}
+	return serverError(err)
 }
 
 // serverError hands the server's *pgconn.PgError to the caller bare when

@@ -280,6 +280,7 @@ type Stats struct {
 type counters struct {
 	replicaReads, writerReads, fallbacks, staleReads, behindErrors atomic.Int64
 	waits, waitTimeouts, captures, captureFailures                 atomic.Int64
+	waitFors                                                       atomic.Int64 // checks sent as WAIT FOR LSN
 }
 
 // Stats returns the connector's counters.

@@ -30,3 +30,6 @@ func Observe(c *Connector, i int, pos string) {
 
 // PoolWatermark returns c's pool-wide watermark (session_scope=db).
 func PoolWatermark(c *Connector) string { return c.db.wm.Load().String() }
+
+// WaitForChecks counts the catch-up checks c sent as WAIT FOR LSN.
+func WaitForChecks(c *Connector) int64 { return c.stats.waitFors.Load() }

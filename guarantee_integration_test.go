@@ -525,3 +525,101 @@ func TestIntegrationReplicaStopsMidRead(t *testing.T) {
 		t.Fatalf("%d of %d reads failed while replicas stopped; first: %v", errs.Load(), reads.Load(), firstErr.Load())
 	}
 }
+
+// faultConn delays the first write holding marker, or cuts the first read
+// after it (closing the socket without reading the answer).
+type faultConn struct {
+	net.Conn
+	marker    []byte
+	armed     *atomic.Bool
+	delay     time.Duration
+	cutAnswer bool
+	cutNext   atomic.Bool
+}
+
+func (c *faultConn) Write(b []byte) (int, error) {
+	if bytes.Contains(b, c.marker) && c.armed.CompareAndSwap(true, false) {
+		if c.delay > 0 {
+			time.Sleep(c.delay)
+		}
+		if c.cutAnswer {
+			c.cutNext.Store(true)
+		}
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *faultConn) Read(b []byte) (int, error) {
+	if c.cutNext.CompareAndSwap(true, false) {
+		c.Conn.Close()
+		return 0, errors.New("faultConn: read cut")
+	}
+	return c.Conn.Read(b)
+}
+
+// openFaulty opens a pool whose server connections go through faultConn.
+func openFaulty(t *testing.T, marker string, delay time.Duration, cutAnswer bool) (*sql.DB, *atomic.Bool) {
+	t.Helper()
+	cfg, err := pgryw.ParseDSN(cluster.WriterDSN() + "&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pgryw.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	armed := new(atomic.Bool)
+	pgryw.SetNetHook(c.(*pgryw.Connector), func(port uint16, nc net.Conn) net.Conn {
+		return &faultConn{Conn: nc, marker: []byte(marker), armed: armed, delay: delay, cutAnswer: cutAnswer}
+	})
+	db := sql.OpenDB(c)
+	t.Cleanup(func() { db.Close() })
+	return db, armed
+}
+
+// Class 2, found by the history checker: pgx v5.12 calls a read that fails
+// after a no-argument statement was sent safe to retry, and database/sql
+// ran the statement again. pgryw reports ErrConnLost instead.
+func TestIntegrationAnswerCutRunsOnce(t *testing.T) {
+	table := newTable(t)
+	db, armed := openFaulty(t, "INSERT INTO "+table, 0, true)
+	ctx := context.Background()
+	for i := 1; i <= 3; i++ {
+		armed.Store(true)
+		_, err := db.ExecContext(ctx, "INSERT INTO "+table+" (id, v) SELECT coalesce(max(id), 0) + 1, 1 FROM "+table)
+		if !errors.Is(err, pgryw.ErrConnLost) {
+			t.Fatalf("want ErrConnLost, got %v", err)
+		}
+		time.Sleep(200 * time.Millisecond) // pgx cancels the statement; it may still run
+		var n int
+		if err := db.QueryRowContext(pgryw.WithPrimary(ctx), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > i {
+			t.Fatalf("after %d cut answers the table has %d rows", i, n)
+		}
+	}
+}
+
+// Found by the history checker: a slow write makes pgx start a background
+// reader, which must not keep pgryw from reading the answer riding behind
+// the statement (the write returned after 30 s).
+func TestIntegrationSlowWriteReturns(t *testing.T) {
+	table := newTable(t)
+	db, armed := openFaulty(t, "INSERT INTO "+table, 100*time.Millisecond, false)
+	ctx := context.Background()
+	for i := 1; i <= 3; i++ {
+		armed.Store(true)
+		start := time.Now()
+		if _, err := db.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 1)", table, i)); err != nil {
+			t.Fatal(err)
+		}
+		// A 100 ms stall; seconds more is the defect.
+		if took := time.Since(start); took > 5*time.Second {
+			t.Fatalf("a write stalled 100ms returned after %v", took)
+		}
+		if n := countRows(t, ctx, db, table); n != i {
+			t.Fatalf("read %d rows after %d inserts", n, i)
+		}
+	}
+}

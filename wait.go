@@ -161,6 +161,7 @@ func (c *Connector) waitReplica(ctx context.Context, b *backend, target lsn.LSN)
 }
 
 func (c *Connector) waitFor(ctx context.Context, b *backend, target lsn.LSN, budget time.Duration) (waitResult, error) {
+	c.stats.waitFors.Add(1)
 	row, _, err := b.control(ctx, waitForSQL(target, budget))
 	if err != nil {
 		return waitTimeout, err
@@ -304,6 +305,7 @@ func (c *Connector) armCheck(b *backend, wm lsn.LSN, budget time.Duration) *wire
 	inj := &b.pre.inj
 	if c.useWaitFor(b) {
 		c.stats.waits.Add(1)
+		c.stats.waitFors.Add(1)
 		inj.Reset(waitForSQL(wm, budget))
 	} else {
 		inj = b.injectPrepared(&b.pre, stmtPoll, sqlPoll)

@@ -97,6 +97,9 @@ type Conn struct {
 	pending []byte    // pass-through bytes read by Await, for pgx's next Read
 	wbuf    []byte
 	parses  uint64 // named Parse messages seen while something was armed
+	sent    uint64 // bytes of the caller's that went out
+	reading bool          // a Read or Await is on the socket
+	waiter  chan struct{} // closed when that read returns, if someone waits
 
 	// Read-side framing state.
 	hdr      [5]byte
@@ -153,14 +156,18 @@ func (c *Conn) Write(b []byte) (int, error) {
 	c.mu.Lock()
 	if c.prefix == nil && c.suffix == nil && len(c.queue) == 0 {
 		c.mu.Unlock()
-		return c.Conn.Write(b)
+		n, err := c.Conn.Write(b)
+		c.countSent(n)
+		return n, err
 	}
 	syncs, exec, parses, ok := scanFrontend(b)
 	c.parses += uint64(parses)
 	if !ok {
 		c.prefix, c.suffix = nil, nil
 		c.mu.Unlock()
-		return c.Conn.Write(b)
+		n, err := c.Conn.Write(b)
+		c.countSent(n)
+		return n, err
 	}
 	buf := c.wbuf[:0]
 	var lead int // bytes of ours in front of the caller's
@@ -186,9 +193,28 @@ func (c *Conn) Write(b []byte) (int, error) {
 	c.mu.Unlock()
 	n, err := c.Conn.Write(buf)
 	if err != nil {
-		return callerBytes(n, lead, len(b)), err
+		n = callerBytes(n, lead, len(b))
+		c.countSent(n)
+		return n, err
 	}
+	c.countSent(len(b))
 	return len(b), nil
+}
+
+func (c *Conn) countSent(n int) {
+	c.mu.Lock()
+	c.sent += uint64(n)
+	c.mu.Unlock()
+}
+
+// Sent counts the bytes of the caller's (pgx's) that have gone out on the
+// socket. A statement that failed with an error pgx calls safe to retry
+// (pgx v5.12 says so of a read that failed after the statement was sent)
+// did reach the server if Sent moved while it ran.
+func (c *Conn) Sent() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sent
 }
 
 // callerBytes turns a failed write of n bytes of our buffer (lead bytes of
@@ -266,16 +292,23 @@ func (c *Conn) Read(p []byte) (int, error) {
 		c.mu.Unlock()
 		return n, nil
 	}
+	c.reading = true
 	c.mu.Unlock()
-	for {
-		n, err := c.Conn.Read(p)
-		c.mu.Lock()
-		m := c.filter(p[:n])
-		c.mu.Unlock()
-		if m > 0 || err != nil {
-			return m, err
-		}
+	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	m := c.filter(p[:n])
+	c.reading = false
+	if c.waiter != nil {
+		close(c.waiter)
+		c.waiter = nil
 	}
+	c.mu.Unlock()
+	// When everything read was pgryw's, this returns 0, nil rather than
+	// reading again: pgx's readers loop on it, and pgx's background reader
+	// (started while a slow write is in flight) gets to see that it was
+	// asked to stop, instead of blocking on the socket and keeping Await
+	// from reading the rest of pgryw's answer.
+	return m, err
 }
 
 func isAsync(t byte) bool { return t == 'S' || t == 'N' || t == 'A' }
@@ -373,20 +406,47 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 	if !ok {
 		dl = time.Now().Add(30 * time.Second)
 	}
-	c.Conn.SetReadDeadline(dl)
-	stop := context.AfterFunc(ctx, func() { c.Conn.SetReadDeadline(time.Unix(1, 0)) })
-	defer func() {
-		stop()
-		c.Conn.SetReadDeadline(time.Time{})
-	}()
 	if c.abuf == nil {
 		c.abuf = make([]byte, 4096)
 	}
 	for {
-		n, err := c.Conn.Read(c.abuf)
+		c.mu.Lock()
+		if in.done {
+			c.mu.Unlock()
+			return nil
+		}
+		if c.reading {
+			// pgx's background reader is on the socket: what it reads is
+			// filtered as usual. Wait for its read to return, then look
+			// again.
+			if c.waiter == nil {
+				c.waiter = make(chan struct{})
+			}
+			w := c.waiter
+			c.mu.Unlock()
+			t := time.NewTimer(time.Until(dl))
+			select {
+			case <-w:
+				t.Stop()
+				continue
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+				return errAwaitTimeout
+			}
+		}
+		c.reading = true
+		c.mu.Unlock()
+		n, err := c.readBy(ctx, dl)
 		c.mu.Lock()
 		m := c.filter(c.abuf[:n])
 		c.pending = append(c.pending, c.abuf[:m]...)
+		c.reading = false
+		if c.waiter != nil {
+			close(c.waiter)
+			c.waiter = nil
+		}
 		done := in.done
 		c.mu.Unlock()
 		if done {
@@ -396,4 +456,19 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 			return err
 		}
 	}
+}
+
+// errAwaitTimeout: no deadline was given and pgryw's answer did not come
+// within 30 seconds.
+var errAwaitTimeout = errors.New("wire: timed out waiting for a ride-along answer")
+
+// readBy reads once into abuf, giving up at dl or when ctx ends.
+func (c *Conn) readBy(ctx context.Context, dl time.Time) (int, error) {
+	c.Conn.SetReadDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { c.Conn.SetReadDeadline(time.Unix(1, 0)) })
+	defer func() {
+		stop()
+		c.Conn.SetReadDeadline(time.Time{})
+	}()
+	return c.Conn.Read(c.abuf)
 }

@@ -2,6 +2,8 @@ package wire
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"io"
 	"math/rand"
 	"net"
@@ -226,5 +228,68 @@ func TestNamedParses(t *testing.T) {
 	}
 	if n := c.NamedParses(); n != 1 {
 		t.Fatalf("named Parse: count %d, want 1", n)
+	}
+}
+
+// pgx's background reader (started while a write is slow) may be blocked
+// in Read when pgryw's answer arrives: it reads and strips the answer, and
+// must then return rather than block again, so that Await, waiting beside
+// it, sees the answer and returns (it used to wait for the deadline).
+func TestAwaitBesideBackgroundReader(t *testing.T) {
+	pgxAnswer := enc(t,
+		&pgproto3.CommandComplete{CommandTag: []byte("INSERT 0 1")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	ours := enc(t,
+		&pgproto3.DataRow{Values: [][]byte{[]byte("0/3000100")}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	client, server := net.Pipe()
+	defer client.Close()
+	defer server.Close()
+	c := Wrap(client)
+	in := &Injection{SQL: "SELECT pg_current_wal_insert_lsn()"}
+	c.AppendAfterExec(in)
+	go func() {
+		// The server reads the statement and ours, then answers in two
+		// flushes.
+		buf := make([]byte, 4096)
+		server.Read(buf)
+		server.Write(pgxAnswer)
+		time.Sleep(50 * time.Millisecond)
+		server.Write(ours)
+	}()
+	if _, err := c.Write(encF(t, &pgproto3.Query{String: "INSERT INTO t VALUES (1)"})); err != nil {
+		t.Fatal(err)
+	}
+	// The background reader: it reads pgx's answer, then reads again.
+	bg := make(chan error, 1)
+	go func() {
+		p := make([]byte, 4096)
+		n, err := c.Read(p)
+		if err != nil || !bytes.Equal(p[:n], pgxAnswer) {
+			bg <- fmt.Errorf("first read: %q, %v", p[:n], err)
+			return
+		}
+		n, err = c.Read(p)
+		if n != 0 || err != nil {
+			bg <- fmt.Errorf("second read: %q, %v", p[:n], err)
+			return
+		}
+		bg <- nil
+	}()
+	time.Sleep(20 * time.Millisecond) // the second read is on the socket
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := c.Await(ctx, in); err != nil {
+		t.Fatalf("Await: %v after %v", err, time.Since(start))
+	}
+	if row, _ := in.Row(); !in.Done() || len(row) != 1 || row[0] != "0/3000100" {
+		t.Fatalf("injection %+v", in)
+	}
+	if err := <-bg; err != nil {
+		t.Fatal(err)
 	}
 }

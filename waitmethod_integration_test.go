@@ -1,0 +1,60 @@
+package pgryw_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/pgtest"
+)
+
+// The server that ran is the one CI asked for: PGRYW_EXPECT_MAJOR (set by
+// make test for each server version) must match the cluster's major
+// version, so a missing build can never pass as another version's run.
+func TestIntegrationExpectedServer(t *testing.T) {
+	pgtest.Require(t, cluster)
+	want := os.Getenv("PGRYW_EXPECT_MAJOR")
+	got := cluster.ServerVersionNum / 10000
+	t.Logf("PostgreSQL server_version_num %d", cluster.ServerVersionNum)
+	if want != "" && want != strconv.Itoa(got) {
+		t.Fatalf("PGRYW_EXPECT_MAJOR=%s but the cluster runs PostgreSQL %d", want, got)
+	}
+}
+
+// With wait_method=auto, a PostgreSQL 19 replica is made to wait with WAIT
+// FOR LSN and older ones are polled; either way reads after writes are fresh
+// while the replicas lag.
+func TestIntegrationWaitMethodAuto(t *testing.T) {
+	table := newTable(t)
+	setDelay(t, 50*time.Millisecond)
+	db, c := openDB(t, "session_scope=conn&wait_timeout=2s")
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for i := 1; i <= 10; i++ {
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 1)", table, i)); err != nil {
+			t.Fatal(err)
+		}
+		if n := countRows(t, ctx, conn, table); n != i {
+			t.Fatalf("read %d rows after %d inserts", n, i)
+		}
+	}
+	s, waitFors := c.Stats(), pgryw.WaitForChecks(c)
+	t.Logf("stats %+v, WAIT FOR checks %d", s, waitFors)
+	if s.ReplicaReads == 0 {
+		t.Fatal("no read was served by a replica")
+	}
+	if cluster.ServerVersionNum >= 190000 && waitFors == 0 {
+		t.Fatal("PostgreSQL 19 replicas, wait_method=auto, and no WAIT FOR LSN was sent")
+	}
+	if cluster.ServerVersionNum < 190000 && waitFors != 0 {
+		t.Fatalf("PostgreSQL %d replicas were sent %d WAIT FOR LSN", cluster.ServerVersionNum/10000, waitFors)
+	}
+}
