@@ -96,8 +96,8 @@ type Conn struct {
 	queue   []segment // answers still to come, in order; empty: pass all
 	pending []byte    // pass-through bytes read by Await, for pgx's next Read
 	wbuf    []byte
-	parses  uint64 // named Parse messages seen while something was armed
-	sent    uint64 // bytes of the caller's that went out
+	parses  uint64        // named Parse messages seen while something was armed
+	sent    uint64        // bytes of the caller's that went out
 	reading bool          // a Read or Await is on the socket
 	waiter  chan struct{} // closed when that read returns, if someone waits
 
