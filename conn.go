@@ -132,6 +132,7 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 			return res, err
 		}
 	}
+	cn.freshWriter(ctx)
 	ws := cn.beforeWriter(&cls)
 	res, err := cn.writer.exec(ctx, query, args)
 	cn.afterWriter(ctx, &ws, err)
@@ -171,6 +172,7 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 			return &afterRows{Rows: rows, done: func(error) { done() }}, nil
 		}
 	}
+	cn.freshWriter(ctx)
 	ws := cn.beforeWriter(&cls)
 	rows, err := cn.writer.query(ctx, query, args)
 	if err != nil || ws.inj == nil && !ws.commits {
@@ -181,6 +183,21 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 	// only when its result is complete) and the answer to the capture
 	// riding behind it are known once the rows are closed.
 	return &afterRows{Rows: rows, done: func(err error) { cn.afterWriter(ctx, &ws, err) }}, nil
+}
+
+// freshWriter empties pgx's statement cache on the writer connection once
+// after this connection changed the schema, so the session's own ALTER TABLE
+// is never followed by "cached plan must not change result type" from a
+// description cached before it (plain pgx would fail that statement once).
+// Not inside a failed transaction block, where the server refuses
+// everything: the next statement after the block ends does it.
+func (cn *Conn) freshWriter(ctx context.Context) {
+	w := cn.writer
+	if w.schemaSeen == cn.schemaGen || w.pg == nil || w.pg.TxStatus() == 'E' {
+		return
+	}
+	w.resetStatements(ctx)
+	w.schemaSeen = cn.schemaGen
 }
 
 // routeReplica decides, outside any transaction, whether a statement goes to

@@ -131,6 +131,9 @@ func (t *tx) note(query string, err error) {
 }
 
 func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if !t.onReplica {
+		t.cn.freshWriter(ctx)
+	}
 	res, err := t.b.exec(ctx, query, args)
 	if t.refused(err) {
 		if err = t.moveToWriter(); err == nil {
@@ -143,6 +146,9 @@ func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue) (
 }
 
 func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if !t.onReplica {
+		t.cn.freshWriter(ctx)
+	}
 	rows, err := t.b.query(ctx, query, args)
 	if t.refused(err) {
 		if err = t.moveToWriter(); err == nil {

@@ -73,7 +73,7 @@ func startDocker(ctx context.Context, opts Options, cause error) (c *Cluster, er
 	args = append(args, image, "postgres",
 		"-c", "wal_level=replica", "-c", "max_wal_senders=10", "-c", "wal_keep_size=1GB",
 		"-c", "hot_standby=on", "-c", "fsync=off", "-c", "max_connections=200",
-		"-c", "shared_buffers=32MB", "-c", "cluster_name=writer")
+		"-c", "shared_buffers=32MB", "-c", "track_commit_timestamp=on", "-c", "cluster_name=writer")
 	d.names = append(d.names, base)
 	if err := docker(ctx, args...); err != nil {
 		return nil, err

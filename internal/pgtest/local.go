@@ -328,6 +328,7 @@ hot_standby = on
 hot_standby_feedback = on
 wal_receiver_status_interval = 1s
 wal_retrieve_retry_interval = 100ms
+track_commit_timestamp = on
 log_min_messages = warning
 logging_collector = off
 include_if_exists = 'pgtest_node.conf'

@@ -1,0 +1,1621 @@
+package pgryw_test
+
+// TestHistory is a randomized history checker for pgryw's session
+// guarantees, in the spirit of Jepsen's Elle: concurrent sessions run a
+// seeded mix of reads and writes of many shapes against the real primary and
+// replicas while a fault goroutine pauses replay, stops replicas, adds apply
+// delay and cuts, resets and stalls connections (internal/faultnet under
+// pgryw's wire layer). Every op is recorded; at the end the writer's rows,
+// with their commit timestamps, are the ground truth the history is checked
+// against: no duplicated effects, outcomes that match, read-your-writes,
+// monotonic reads per connection, plausible values, and DDL that does not
+// break the reads after it.
+//
+//	go test -run TestHistory -args -seed=N   # replay a schedule
+//	PGRYW_HISTORY_OPS=20000 / PGRYW_HISTORY_DURATION=10m   # bigger runs (make check-long)
+//	PGRYW_HISTORY_SEED=N            # same as -seed
+//	PGRYW_HISTORY_DSN=read_your_writes=off   # extra DSN keys (that one must make it fail)
+//	PGRYW_HISTORY_REPORTS=-1        # print every violation (default: 12 per property, all counted)
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/faultnet"
+	"github.com/pgryw/pgryw/internal/pgtest"
+)
+
+var historySeed = flag.Int64("seed", 0, "TestHistory: seed of the op and fault schedule (0: $PGRYW_HISTORY_SEED, else random)")
+
+const (
+	histKeys     = 16
+	histSessions = 6 // the first half on a session_scope=conn pool, the rest on a session_scope=db pool
+	// histMargin: an op whose outcome is unknown but that committed at Tc is
+	// in a read's scope when Tc+histMargin <= the read's start.
+	histMargin     = 50 * time.Millisecond
+	histDefaultOps = 15000
+	histOpTimeout  = 30 * time.Second // an op taking longer is reported as hung
+	histMaxReports = 12               // violations printed per property
+	histSideCols   = 1000             // ADD COLUMN up to this many, then ALTER COLUMN TYPE
+	histHangDump   = 10 * time.Second // an op running this long gets the goroutines dumped
+)
+
+type histOutcome uint8
+
+const (
+	outOK        histOutcome = iota // returned without error
+	outFail                         // definite failure: the shape says nothing committed
+	outCommitErr                    // returned an error, but the shape says the write committed
+	outIndet                        // unknown: context, connection or other errors
+)
+
+func (o histOutcome) String() string {
+	return [...]string{"ok", "fail", "committed-with-error", "indeterminate"}[o]
+}
+
+type histWrite struct {
+	id  int64
+	k   int
+	ret int64 // the new value the op returned (RETURNING), or -1
+}
+
+type histRead struct {
+	ts   int64   // visibility time, unix µs: the statement's start, or its transaction's BEGIN
+	at   int64   // the statement's start
+	vals []int64 // by key; -1: not read
+	port int     // inet_server_port() of the node that answered
+	inRW bool    // inside a read-write transaction (on the writer)
+}
+
+type histOp struct {
+	idx    int
+	slot   int
+	sess   int // *sql.Conn session; -1 for ops run on the *sql.DB
+	pool   int
+	kind   string
+	detail string
+	start  int64 // unix µs
+	end    int64
+	writes []histWrite
+	reads  []histRead
+	out    histOutcome
+	err    error
+	// Errors that are violations by themselves.
+	ddlErr   error  // the read after a DDL statement failed
+	readErr  error  // an autocommit read or a read-only BEGIN failed with a server error
+	swallow  bool   // a string ending in SELECT 1/0 returned no error
+	incompl  string // a whole-table read missed rows
+	note     string // counted, not a violation
+	faults   []string
+	checkVal bool // the conn must be checked (and dropped if broken) after the op
+}
+
+type histEvent struct {
+	at   int64
+	what string
+}
+
+type histPool struct {
+	idx   int
+	scope string
+	db    *sql.DB
+	c     *pgryw.Connector
+}
+
+type histRun struct {
+	t        *testing.T
+	seed     int64
+	t0       int64
+	kv, ops  string
+	side     string
+	pools    []*histPool
+	nw       *faultnet.Network
+	ports    map[int]string
+	replicas []uint16
+
+	nextID   atomic.Int64
+	nextSess atomic.Int64
+	sideCol  atomic.Int64
+	left     atomic.Int64 // ops left; math.MaxInt64-ish when only a duration bounds the run
+	deadline time.Time
+
+	sql struct {
+		cte, cteRet, upd, updRet, ins, readAll, readOne, side string
+	}
+
+	dumped atomic.Bool
+
+	heldMu sync.Mutex
+	heldBy map[*faultnet.Conn]bool // writer connections under sessions' *sql.Conns
+
+	evMu   sync.Mutex
+	events []histEvent
+
+	notes map[string]int // counted, logged, not failed
+}
+
+func (h *histRun) now() int64 { return time.Now().UnixMicro() }
+
+func (h *histRun) rel(us int64) string {
+	return fmt.Sprintf("%.1fms", float64(us-h.t0)/1000)
+}
+
+func (h *histRun) event(format string, args ...any) {
+	h.evMu.Lock()
+	h.events = append(h.events, histEvent{h.now(), fmt.Sprintf(format, args...)})
+	h.evMu.Unlock()
+}
+
+func (h *histRun) hold(c *faultnet.Conn, on bool) {
+	if c == nil {
+		return
+	}
+	h.heldMu.Lock()
+	if on {
+		h.heldBy[c] = true
+	} else {
+		delete(h.heldBy, c)
+	}
+	h.heldMu.Unlock()
+}
+
+func (h *histRun) held(c *faultnet.Conn) bool {
+	h.heldMu.Lock()
+	defer h.heldMu.Unlock()
+	return h.heldBy[c]
+}
+
+// dumpHang writes every goroutine's stack to a file, once per run, when an
+// op has been running for histHangDump.
+func (h *histRun) dumpHang(op *histOp) {
+	if !h.dumped.CompareAndSwap(false, true) {
+		return
+	}
+	name := fmt.Sprintf("%s/history_hang_%d.txt", os.TempDir(), h.seed)
+	f, err := os.Create(name)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "history: seed %d: slot %d session %d op %s started at %s, running for %v\n\n",
+		h.seed, op.slot, op.sess, op.kind, h.rel(op.start), histHangDump)
+	pprof.Lookup("goroutine").WriteTo(f, 2)
+	h.event("slot %d: op running for %v; goroutines dumped to %s", op.slot, histHangDump, name)
+}
+
+func (h *histRun) more() bool {
+	if !h.deadline.IsZero() && time.Now().After(h.deadline) {
+		return false
+	}
+	return h.left.Add(-1) >= 0
+}
+
+func histSeedValue(t *testing.T) int64 {
+	if *historySeed != 0 {
+		return *historySeed
+	}
+	if s := os.Getenv("PGRYW_HISTORY_SEED"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("PGRYW_HISTORY_SEED=%q: %v", s, err)
+		}
+		return v
+	}
+	return rand.Int64N(1<<53) + 1
+}
+
+func TestHistory(t *testing.T) {
+	pgtest.Require(t, cluster)
+	seed := histSeedValue(t)
+	fmt.Fprintf(os.Stderr, "history: seed %d\n", seed)
+	t.Logf("history: seed %d", seed)
+
+	h := &histRun{t: t, seed: seed, nw: faultnet.New(), notes: map[string]int{}, heldBy: map[*faultnet.Conn]bool{}}
+	opsN := int64(histDefaultOps)
+	if s := os.Getenv("PGRYW_HISTORY_DURATION"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("PGRYW_HISTORY_DURATION=%q: %v", s, err)
+		}
+		h.deadline = time.Now().Add(d)
+		opsN = 1 << 62
+	}
+	if s := os.Getenv("PGRYW_HISTORY_OPS"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			t.Fatalf("PGRYW_HISTORY_OPS=%q: want a positive integer", s)
+		}
+		opsN = n
+	}
+	h.left.Store(opsN)
+	h.ports = map[int]string{cluster.Writer.Port: "writer"}
+	for i, r := range cluster.Replicas {
+		h.ports[r.Port] = fmt.Sprintf("replica%d", i)
+		h.replicas = append(h.replicas, uint16(r.Port))
+	}
+	h.nw.OnFire = func(c *faultnet.Conn, k faultnet.Kind) {
+		h.event("fired %s on %s conn %s", k, h.ports[int(c.Port())], c.LocalAddr())
+	}
+	h.setup()
+	t.Cleanup(h.heal)
+
+	for i, scope := range []string{"conn", "db"} {
+		extra := "wait_timeout=2s&session_scope=" + scope
+		if x := os.Getenv("PGRYW_HISTORY_DSN"); x != "" {
+			extra += "&" + x // e.g. read_your_writes=off, to see the checker fail
+		}
+		db, c := openDB(t, extra)
+		pgryw.SetNetHook(c, h.nw.Wrap)
+		db.SetMaxIdleConns(histSessions * 2)
+		h.pools = append(h.pools, &histPool{idx: i, scope: scope, db: db, c: c})
+	}
+
+	h.t0 = h.now()
+	start := time.Now()
+	stop := make(chan struct{})
+	faultsDone := make(chan struct{})
+	go func() {
+		defer close(faultsDone)
+		h.faultLoop(rand.New(rand.NewPCG(uint64(seed), 1<<32)), stop)
+	}()
+	var wg sync.WaitGroup
+	sessions := make([]*histSession, histSessions)
+	for slot := range sessions {
+		s := &histSession{h: h, slot: slot, pool: h.pools[slot*2/histSessions],
+			rng: rand.New(rand.NewPCG(uint64(seed), uint64(slot)))}
+		sessions[slot] = s
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.run()
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-faultsDone
+	elapsed := time.Since(start)
+	h.nw.DisarmAll()
+	h.heal()
+
+	var all []*histOp
+	for _, s := range sessions {
+		all = append(all, s.ops...)
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].start < all[j].start })
+	for i, op := range all {
+		op.idx = i
+	}
+	truth := h.groundTruth()
+	h.summary(all, elapsed)
+	h.check(all, truth)
+}
+
+// setup creates the run's tables on the writer and waits for the replicas.
+func (h *histRun) setup() {
+	t := h.t
+	suffix := fmt.Sprintf("%d_%d", os.Getpid(), tableSeq.Add(1))
+	h.kv, h.ops, h.side = "hist_kv_"+suffix, "hist_ops_"+suffix, "hist_side_"+suffix
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, cluster.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		fmt.Sprintf("CREATE TABLE %s (k int PRIMARY KEY, v bigint NOT NULL)", h.kv),
+		fmt.Sprintf("INSERT INTO %s SELECT g, 0 FROM generate_series(0, %d) g", h.kv, histKeys-1),
+		fmt.Sprintf("CREATE TABLE %s (op_id bigint NOT NULL, k int NOT NULL)", h.ops),
+		fmt.Sprintf("CREATE TABLE %s (id int PRIMARY KEY)", h.side),
+		fmt.Sprintf("INSERT INTO %s VALUES (1)", h.side),
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	var on string
+	if err := conn.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&on); err != nil || on != "on" {
+		t.Fatalf("track_commit_timestamp is %q (%v): the checker needs commit timestamps", on, err)
+	}
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := &h.sql
+	s.cte = fmt.Sprintf("WITH u AS (UPDATE %s SET v = v + 1 WHERE k = $1 RETURNING v) INSERT INTO %s SELECT $2::bigint, $1::int FROM u", h.kv, h.ops)
+	s.cteRet = s.cte + " RETURNING (SELECT v FROM u)"
+	s.upd = fmt.Sprintf("UPDATE %s SET v = v + 1 WHERE k = $1", h.kv)
+	s.updRet = s.upd + " RETURNING v"
+	s.ins = fmt.Sprintf("INSERT INTO %s VALUES ($1, $2)", h.ops)
+	s.readAll = fmt.Sprintf("SELECT k, v, inet_server_port() FROM %s", h.kv)
+	s.readOne = fmt.Sprintf("SELECT v, inet_server_port() FROM %s WHERE k = $1", h.kv)
+	s.side = fmt.Sprintf("SELECT * FROM %s WHERE id = $1", h.side)
+}
+
+// heal undoes every cluster fault: replay resumed, replicas started, no
+// apply delay, replicas caught up.
+func (h *histRun) heal() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i := range cluster.Replicas {
+		if err := cluster.StartNode(i); err != nil {
+			h.t.Errorf("history: heal: %v", err)
+		}
+		if err := cluster.ResumeReplay(ctx, i); err != nil {
+			h.t.Errorf("history: heal: %v", err)
+		}
+	}
+	if err := cluster.SetApplyDelay(ctx, -1, 0); err != nil {
+		h.t.Errorf("history: heal: %v", err)
+	}
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		h.t.Errorf("history: heal: %v", err)
+	}
+}
+
+// faultLoop injects cluster and network faults until stop is closed. Each
+// action completes before the next starts, so a paused replica is never
+// stopped and apply delays are never set on a stopped one.
+func (h *histRun) faultLoop(rng *rand.Rand, stop <-chan struct{}) {
+	ctx := context.Background()
+	sleep := func(d time.Duration) bool {
+		select {
+		case <-stop:
+			return false
+		case <-time.After(d):
+			return true
+		}
+	}
+	dur := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
+	for sleep(dur(100, 600)) {
+		i := rng.IntN(len(cluster.Replicas))
+		switch x := rng.IntN(100); {
+		case x < 18:
+			d := dur(200, 1500)
+			h.event("pause replay on replica%d for %v", i, d)
+			if err := cluster.PauseReplay(ctx, i); err != nil {
+				h.event("pause replica%d: %v", i, err)
+			}
+			sleep(d)
+			if err := cluster.ResumeReplay(ctx, i); err != nil {
+				h.event("resume replica%d: %v", i, err)
+			}
+			h.event("resumed replay on replica%d", i)
+		case x < 26:
+			d := dur(200, 1000)
+			h.event("stop replica%d for %v", i, d)
+			if err := cluster.StopNode(i); err != nil {
+				h.event("stop replica%d: %v", i, err)
+			}
+			sleep(d)
+			if err := cluster.StartNode(i); err != nil {
+				h.event("start replica%d: %v", i, err)
+			}
+			h.event("started replica%d", i)
+		case x < 40:
+			var d time.Duration
+			if rng.IntN(5) >= 2 {
+				d = dur(20, 50)
+			}
+			h.event("apply delay %v on all replicas", d)
+			if err := cluster.SetApplyDelay(ctx, -1, d); err != nil {
+				h.event("apply delay: %v", err)
+			}
+		case x < 50:
+			d := dur(20, 400)
+			n := h.nw.ArmAll(uint16(cluster.Writer.Port), faultnet.Fault{Kind: faultnet.Stall, Delay: d})
+			h.event("writer stalled %v (%d conns)", d, n)
+		case x < 58:
+			port := h.replicas[i]
+			n := h.nw.ArmAll(port, faultnet.Fault{Kind: faultnet.Stall, Delay: dur(20, 400)})
+			h.event("replica%d stalled (%d conns)", i, n)
+		default:
+			f := randomFault(rng)
+			cs := h.nw.Conns(0)
+			sort.Slice(cs, func(a, b int) bool { return cs[a].LocalAddr().String() < cs[b].LocalAddr().String() })
+			if len(cs) == 0 {
+				continue
+			}
+			c := cs[rng.IntN(len(cs))]
+			if rng.IntN(4) == 0 {
+				h.event("reset %s conn %s", h.ports[int(c.Port())], c.LocalAddr())
+				c.Reset()
+				continue
+			}
+			c.Arm(f)
+			h.event("armed %s on %s conn %s", faultString(f), h.ports[int(c.Port())], c.LocalAddr())
+		}
+	}
+}
+
+func randomFault(rng *rand.Rand) faultnet.Fault {
+	switch rng.IntN(4) {
+	case 0:
+		return faultnet.Fault{Kind: faultnet.CutWrite, After: rng.IntN(320)}
+	case 1:
+		return faultnet.Fault{Kind: faultnet.CutRead, After: rng.IntN(480)}
+	case 2:
+		return faultnet.Fault{Kind: faultnet.Reset}
+	}
+	return faultnet.Fault{Kind: faultnet.Stall, Delay: time.Duration(5+rng.IntN(200)) * time.Millisecond}
+}
+
+func faultString(f faultnet.Fault) string {
+	switch f.Kind {
+	case faultnet.CutWrite, faultnet.CutRead:
+		return fmt.Sprintf("%s@%d", f.Kind, f.After)
+	case faultnet.Stall:
+		return fmt.Sprintf("stall %v", f.Delay)
+	}
+	return f.Kind.String()
+}
+
+// histSession is one worker: it holds a *sql.Conn; when that connection
+// breaks it takes another and becomes a new session.
+type histSession struct {
+	h     *histRun
+	slot  int
+	pool  *histPool
+	rng   *rand.Rand
+	conn  *sql.Conn
+	wconn *faultnet.Conn // under the session's writer connection, if found
+	id    int
+	ops   []*histOp
+	// readNext: the previous op wrote; bias the next one to a read.
+	readNext bool
+}
+
+func (s *histSession) run() {
+	for s.h.more() {
+		if s.conn == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			c, err := s.pool.db.Conn(ctx)
+			cancel()
+			if err != nil {
+				s.h.event("slot %d: new conn: %v", s.slot, err)
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			s.conn, s.id = c, int(s.h.nextSess.Add(1))
+			s.findWriterConn()
+		}
+		s.step()
+	}
+	if s.conn != nil {
+		s.h.hold(s.wconn, false)
+		s.conn.Close()
+	}
+}
+
+// drop discards the session's connection (database/sql closes it) and ends
+// the session.
+func (s *histSession) drop() {
+	s.h.hold(s.wconn, false)
+	s.wconn = nil
+	s.conn.Raw(func(any) error { return driver.ErrBadConn })
+	s.conn.Close()
+	s.conn = nil
+}
+
+// valid reports whether the session's connection still works, as far as
+// pgryw says (its writer connection is open).
+func (s *histSession) valid() bool {
+	ok := true
+	err := s.conn.Raw(func(dc any) error {
+		if v, isV := dc.(driver.Validator); isV && !v.IsValid() {
+			ok = false
+		}
+		return nil
+	})
+	return ok && err == nil
+}
+
+// findWriterConn finds the faultnet connection under the session's writer
+// connection: the writer reports the client port (a writer read, so it runs
+// once, when the session starts).
+func (s *histSession) findWriterConn() {
+	s.wconn = nil
+	ctx, cancel := context.WithTimeout(pgryw.WithPrimary(context.Background()), 5*time.Second)
+	defer cancel()
+	var port int
+	if err := s.conn.QueryRowContext(ctx, "SELECT inet_client_port()").Scan(&port); err != nil {
+		return
+	}
+	s.wconn = s.h.nw.Lookup(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+	s.h.hold(s.wconn, true)
+}
+
+// opCtx returns the op's context: usually just a safety timeout, sometimes a
+// short deadline or a cancellation part-way.
+func (s *histSession) opCtx(op *histOp) (context.Context, context.CancelFunc) {
+	x := s.rng.IntN(100)
+	d := time.Duration(1+s.rng.IntN(30)) * time.Millisecond
+	base, cancel := context.WithTimeout(context.Background(), histOpTimeout)
+	switch {
+	case x < 4:
+		op.faults = append(op.faults, fmt.Sprintf("deadline %v", d))
+		ctx, c2 := context.WithTimeout(base, d)
+		return ctx, func() { c2(); cancel() }
+	case x < 7:
+		op.faults = append(op.faults, fmt.Sprintf("cancel after %v", d))
+		ctx, c2 := context.WithCancel(base)
+		tm := time.AfterFunc(d, c2)
+		return ctx, func() { tm.Stop(); c2(); cancel() }
+	}
+	return base, cancel
+}
+
+// maybeFault arms, with a small probability, a fault on the session's
+// writer connection or on a replica connection.
+func (s *histSession) maybeFault(op *histOp) {
+	x := s.rng.IntN(1000)
+	f := randomFault(s.rng)
+	pick := s.rng.IntN(1 << 30)
+	if strings.HasPrefix(op.kind, "pool-") {
+		// The op runs on whatever connection the pool hands out: arm the
+		// writer connections no session holds.
+		if x < 100 {
+			n := 0
+			for _, c := range s.h.nw.Conns(uint16(cluster.Writer.Port)) {
+				if !s.h.held(c) {
+					c.Arm(f)
+					n++
+				}
+			}
+			op.faults = append(op.faults, fmt.Sprintf("%d pooled writer conns %s", n, faultString(f)))
+		}
+		return
+	}
+	switch {
+	case x < 25:
+		if c := s.wconn; c != nil {
+			c.Arm(f)
+			op.faults = append(op.faults, "writer "+faultString(f))
+		}
+	case x < 40:
+		var cs []*faultnet.Conn
+		for _, p := range s.h.replicas {
+			cs = append(cs, s.h.nw.Conns(p)...)
+		}
+		if len(cs) > 0 {
+			sort.Slice(cs, func(a, b int) bool { return cs[a].LocalAddr().String() < cs[b].LocalAddr().String() })
+			c := cs[pick%len(cs)]
+			c.Arm(f)
+			op.faults = append(op.faults, s.h.ports[int(c.Port())]+" "+faultString(f))
+		}
+	}
+}
+
+var histKinds = []struct {
+	name   string
+	weight int
+	read   bool
+}{
+	{"read-all", 14, true},
+	{"read-one", 10, true},
+	{"read-tx", 8, true},
+	{"w-exec", 8, false},
+	{"w-returning", 7, false},
+	{"w-prepared", 6, false},
+	{"w-block", 7, false},
+	{"w-multi-fail", 3, false},
+	{"w-multi-commit-fail", 4, false},
+	{"w-multi-begin-commit-fail", 4, false},
+	{"w-multi-ok", 3, false},
+	{"w-tx", 10, false},
+	{"ddl", 2, false},
+	{"side-read", 3, true},
+	{"pool-write", 3, false},
+	{"pool-read", 3, true},
+	{"pool-commit-fail", 1, false},
+}
+
+func (s *histSession) pickKind() string {
+	total, readTotal := 0, 0
+	for _, k := range histKinds {
+		total += k.weight
+		if k.read {
+			readTotal += k.weight
+		}
+	}
+	onlyReads := s.readNext && s.rng.IntN(2) == 0
+	if onlyReads {
+		total = readTotal
+	}
+	x := s.rng.IntN(total)
+	for _, k := range histKinds {
+		if onlyReads && !k.read {
+			continue
+		}
+		if x < k.weight {
+			return k.name
+		}
+		x -= k.weight
+	}
+	panic("unreachable")
+}
+
+func (s *histSession) step() {
+	h := s.h
+	op := &histOp{slot: s.slot, sess: s.id, pool: s.pool.idx}
+	ctx, cancel := s.opCtx(op)
+	op.kind = s.pickKind()
+	s.maybeFault(op)
+	op.start = h.now()
+	watchdog := time.AfterFunc(histHangDump, func() { h.dumpHang(op) })
+	switch op.kind {
+	case "read-all":
+		s.readAll(ctx, op, s.conn, op.start, false)
+	case "read-one":
+		s.readOne(ctx, op, s.conn, s.rng.IntN(histKeys), op.start, false)
+	case "read-tx":
+		s.readTx(ctx, op)
+	case "w-exec", "w-returning", "w-prepared":
+		s.writeSingle(ctx, op)
+	case "w-block":
+		s.writeBlock(ctx, op)
+	case "w-multi-fail", "w-multi-commit-fail", "w-multi-begin-commit-fail", "w-multi-ok", "pool-commit-fail":
+		s.writeMulti(ctx, op)
+	case "w-tx":
+		s.writeTx(ctx, op)
+	case "ddl", "side-read":
+		s.ddl(ctx, op)
+	case "pool-write":
+		op.sess = -1
+		s.writeSingle(ctx, op)
+	case "pool-read":
+		op.sess = -1
+		s.readAll(ctx, op, s.pool.db, op.start, false)
+	}
+	op.end = h.now()
+	watchdog.Stop()
+	ctxDone := ctx.Err() != nil
+	timedOut := ctxDone && time.Duration(op.end-op.start)*time.Microsecond >= histOpTimeout
+	cancel()
+	if timedOut {
+		op.err = fmt.Errorf("hung for %v, then returned %v", histOpTimeout, op.err)
+	}
+	s.ops = append(s.ops, op)
+	s.readNext = len(op.writes) > 0
+	if s.conn == nil {
+		return
+	}
+	if (op.kind == "w-tx" || op.kind == "read-tx") && (ctxDone || op.err != nil) {
+		// database/sql rolls a transaction whose context ends back from
+		// its own goroutine, racing the next statement on the *sql.Conn
+		// (plain pgx shows the same): that statement may run inside the
+		// dying transaction. Start over with a new session instead.
+		s.drop()
+		return
+	}
+	if op.err != nil || op.checkVal {
+		if !s.valid() {
+			s.drop()
+			return
+		}
+	}
+	if s.rng.IntN(200) == 0 {
+		s.drop() // retire: a fresh session now and then
+	}
+}
+
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// readAll reads the whole kv table.
+func (s *histSession) readAll(ctx context.Context, op *histOp, q queryer, ts int64, inRW bool) bool {
+	at := s.h.now()
+	rows, err := q.QueryContext(ctx, s.h.sql.readAll)
+	if err != nil {
+		s.readFailed(ctx, op, err, !inRW && op.kind != "read-tx")
+		return false
+	}
+	r := histRead{ts: ts, at: at, vals: make([]int64, histKeys), inRW: inRW}
+	for i := range r.vals {
+		r.vals[i] = -1
+	}
+	n := 0
+	for rows.Next() {
+		var k, port int
+		var v int64
+		if err := rows.Scan(&k, &v, &port); err != nil {
+			rows.Close()
+			s.readFailed(ctx, op, err, false)
+			return false
+		}
+		if k >= 0 && k < histKeys {
+			r.vals[k] = v
+			n++
+		}
+		r.port = port
+	}
+	err = rows.Err()
+	rows.Close()
+	if err != nil {
+		s.readFailed(ctx, op, err, !inRW && op.kind != "read-tx")
+		return false
+	}
+	if n != histKeys {
+		op.incompl = fmt.Sprintf("%d of %d rows", n, histKeys)
+	}
+	op.reads = append(op.reads, r)
+	return true
+}
+
+type rowQueryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func (s *histSession) readOne(ctx context.Context, op *histOp, q rowQueryer, k int, ts int64, inRW bool) bool {
+	at := s.h.now()
+	var v int64
+	var port int
+	err := q.QueryRowContext(ctx, s.h.sql.readOne, k).Scan(&v, &port)
+	if err != nil {
+		s.readFailed(ctx, op, err, !inRW)
+		return false
+	}
+	r := histRead{ts: ts, at: at, vals: make([]int64, histKeys), port: port, inRW: inRW}
+	for i := range r.vals {
+		r.vals[i] = -1
+	}
+	r.vals[k] = v
+	op.reads = append(op.reads, r)
+	return true
+}
+
+// readFailed records a failed read. A server error on an autocommit read
+// (or a read-only BEGIN) that the caller did not cause by cancelling is a
+// violation of "failures fall back, not through", except the errors a
+// replica may legitimately return (recovery conflict, statement cancelled).
+func (s *histSession) readFailed(ctx context.Context, op *histOp, err error, autocommit bool) {
+	if op.err == nil {
+		op.err = err
+	}
+	op.out = outIndet
+	if !autocommit || ctx.Err() != nil {
+		return
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code != "57014" && !(pe.Code == "40001" && strings.Contains(pe.Message, "recovery")) {
+		op.readErr = err
+	}
+}
+
+var roLevels = []sql.IsolationLevel{sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable}
+
+func (s *histSession) readTx(ctx context.Context, op *histOp) {
+	lvl := roLevels[s.rng.IntN(len(roLevels))]
+	twice := s.rng.IntN(3) == 0
+	op.detail = fmt.Sprintf("read-only %v", lvl)
+	ts := s.h.now()
+	tx, err := s.conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: lvl})
+	if err != nil {
+		s.readFailed(ctx, op, err, true)
+		return
+	}
+	ok := s.readAll(ctx, op, tx, ts, false)
+	if ok && twice {
+		ok = s.readAll(ctx, op, tx, ts, false)
+	}
+	if !ok {
+		tx.Rollback()
+		return
+	}
+	if err := tx.Commit(); err != nil {
+		op.err, op.out = err, outIndet
+	}
+}
+
+// writeOutcome classifies an autocommit statement's error.
+func writeOutcome(ctx context.Context, err error) histOutcome {
+	if err == nil {
+		return outOK
+	}
+	var pe *pgconn.PgError
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		!errors.As(err, &pe) || pe.Severity == "FATAL" || pe.Severity == "PANIC" {
+		return outIndet
+	}
+	return outFail
+}
+
+func (s *histSession) writeSingle(ctx context.Context, op *histOp) {
+	h := s.h
+	k := s.rng.IntN(histKeys)
+	id := h.nextID.Add(1)
+	w := histWrite{id: id, k: k, ret: -1}
+	var err error
+	switch op.kind {
+	case "w-exec":
+		_, err = s.conn.ExecContext(ctx, h.sql.cte, k, id)
+	case "pool-write":
+		_, err = s.pool.db.ExecContext(ctx, h.sql.cte, k, id)
+	case "w-returning":
+		err = s.conn.QueryRowContext(ctx, h.sql.cteRet, k, id).Scan(&w.ret)
+	case "w-prepared":
+		ret := s.rng.IntN(3) == 0
+		q := h.sql.cte
+		if ret {
+			q = h.sql.cteRet
+			op.detail = "RETURNING"
+		}
+		var st *sql.Stmt
+		st, err = s.conn.PrepareContext(ctx, q)
+		if err == nil {
+			if ret {
+				err = st.QueryRowContext(ctx, k, id).Scan(&w.ret)
+			} else {
+				_, err = st.ExecContext(ctx, k, id)
+			}
+			st.Close()
+		}
+	}
+	op.writes = []histWrite{w}
+	op.err = err
+	op.out = writeOutcome(ctx, err)
+	if op.out != outOK {
+		w.ret = -1
+		op.writes[0].ret = -1
+	}
+}
+
+// rollback ends an Exec'd block that will not commit; if even that fails
+// the session's connection is checked.
+func (s *histSession) rollback(op *histOp) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		// The block's state is unknown: start over with a new session.
+		s.drop()
+	}
+}
+
+func (s *histSession) writeBlock(ctx context.Context, op *histOp) {
+	h := s.h
+	k := s.rng.IntN(histKeys)
+	id := h.nextID.Add(1)
+	rr := s.rng.IntN(4) == 0
+	retUpd := s.rng.IntN(2) == 0
+	commit := s.rng.IntN(5) != 0
+	steps := []string{"BEGIN"}
+	if rr {
+		steps = []string{"BEGIN ISOLATION LEVEL REPEATABLE READ", "SET LOCAL statement_timeout = '5s'"}
+	}
+	op.detail = strings.Join(steps, "; ")
+	op.writes = []histWrite{{id: id, k: k, ret: -1}}
+	fail := func(err error) {
+		op.err, op.out = err, outFail // COMMIT never sent: nothing can commit
+		s.rollback(op)
+	}
+	for _, q := range steps {
+		if _, err := s.conn.ExecContext(ctx, q); err != nil {
+			fail(err)
+			return
+		}
+	}
+	var ret int64 = -1
+	var err error
+	if retUpd {
+		err = s.conn.QueryRowContext(ctx, h.sql.updRet, k).Scan(&ret)
+	} else {
+		_, err = s.conn.ExecContext(ctx, h.sql.upd, k)
+	}
+	if err != nil {
+		fail(err)
+		return
+	}
+	if _, err := s.conn.ExecContext(ctx, h.sql.ins, id, k); err != nil {
+		fail(err)
+		return
+	}
+	if !commit {
+		op.detail += "; ROLLBACK"
+		op.out = outFail
+		s.rollback(op)
+		return
+	}
+	op.detail += "; COMMIT"
+	_, err = s.conn.ExecContext(ctx, "COMMIT")
+	op.err = err
+	op.out = writeOutcome(ctx, err)
+	if op.out == outOK {
+		op.writes[0].ret = ret
+	} else if s.valid() {
+		// COMMIT may not have been sent (a context done before it): make
+		// sure no block stays open; after a commit ROLLBACK does nothing.
+		s.rollback(op)
+	}
+}
+
+func (s *histSession) writeMulti(ctx context.Context, op *histOp) {
+	h := s.h
+	k := s.rng.IntN(histKeys)
+	id := h.nextID.Add(1)
+	upd := fmt.Sprintf("UPDATE %s SET v = v + 1 WHERE k = %d", h.kv, k)
+	ins := fmt.Sprintf("INSERT INTO %s VALUES (%d, %d)", h.ops, id, k)
+	var q string
+	committed, wantErr := false, true
+	switch op.kind {
+	case "w-multi-fail":
+		q = upd + "; " + ins + "; SELECT 1/0"
+	case "w-multi-commit-fail", "pool-commit-fail":
+		q = upd + "; " + ins + "; COMMIT; SELECT 1/0"
+		committed = true
+	case "w-multi-begin-commit-fail":
+		q = "BEGIN; " + upd + "; " + ins + "; COMMIT; SELECT 1/0"
+		committed = true
+	case "w-multi-ok":
+		wantErr = false
+		if s.rng.IntN(2) == 0 {
+			q = "BEGIN; " + upd + "; " + ins + "; COMMIT"
+		} else {
+			q = upd + "; " + ins
+		}
+	}
+	op.detail = q
+	op.writes = []histWrite{{id: id, k: k, ret: -1}}
+	var err error
+	if op.kind == "pool-commit-fail" {
+		op.sess = -1
+		_, err = s.pool.db.ExecContext(ctx, q)
+	} else {
+		_, err = s.conn.ExecContext(ctx, q)
+	}
+	op.err = err
+	var pe *pgconn.PgError
+	switch {
+	case err == nil:
+		op.out = outOK
+		op.swallow = wantErr
+	case ctx.Err() == nil && errors.As(err, &pe) && pe.Code == "22012" && wantErr:
+		op.out = outFail
+		if committed {
+			op.out = outCommitErr
+		}
+	case committed:
+		op.out = outIndet
+	default:
+		op.out = writeOutcome(ctx, err)
+	}
+	if op.kind == "w-multi-begin-commit-fail" || op.kind == "w-multi-ok" {
+		op.checkVal = true // a cut part-way may leave the block open
+	}
+}
+
+var rwLevels = []sql.IsolationLevel{sql.LevelDefault, sql.LevelReadUncommitted, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable}
+
+func (s *histSession) writeTx(ctx context.Context, op *histOp) {
+	h := s.h
+	lvl := rwLevels[s.rng.IntN(len(rwLevels))]
+	readMode := s.rng.IntN(3) // 0: none, 1: whole table, 2: some keys
+	readKeys := []int{s.rng.IntN(histKeys), s.rng.IntN(histKeys)}
+	k1, k2 := s.rng.IntN(histKeys), s.rng.IntN(histKeys)
+	keys := []int{k1}
+	if k2 != k1 && s.rng.IntN(3) == 0 {
+		keys = append(keys, k2)
+	}
+	sort.Ints(keys) // one lock order: no deadlocks
+	commit := s.rng.IntN(6) != 0
+	op.detail = fmt.Sprintf("BeginTx %v", lvl)
+	for _, k := range keys {
+		op.writes = append(op.writes, histWrite{id: h.nextID.Add(1), k: k, ret: -1})
+	}
+	ts := h.now()
+	tx, err := s.conn.BeginTx(ctx, &sql.TxOptions{Isolation: lvl})
+	if err != nil {
+		op.err, op.out = err, outFail
+		return
+	}
+	abort := func(err error) {
+		op.err, op.out = err, outFail // never committed
+		tx.Rollback()
+		op.checkVal = true
+	}
+	switch readMode {
+	case 1:
+		if !s.readAll(ctx, op, tx, ts, true) {
+			abort(op.err)
+			return
+		}
+	case 2:
+		for _, k := range readKeys {
+			if !s.readOne(ctx, op, tx, k, ts, true) {
+				abort(op.err)
+				return
+			}
+		}
+	}
+	for i := range op.writes {
+		w := &op.writes[i]
+		if err := tx.QueryRowContext(ctx, h.sql.updRet, w.k).Scan(&w.ret); err != nil {
+			abort(err)
+			return
+		}
+		if _, err := tx.ExecContext(ctx, h.sql.ins, w.id, w.k); err != nil {
+			abort(err)
+			return
+		}
+	}
+	if !commit {
+		op.detail += " rollback"
+		op.out = outFail
+		if err := tx.Rollback(); err != nil {
+			op.err = err
+		}
+		return
+	}
+	op.detail += " commit"
+	err = tx.Commit()
+	op.err = err
+	op.out = writeOutcome(ctx, err)
+	if errors.Is(err, sql.ErrTxDone) {
+		op.out = outIndet
+	}
+	if op.out != outOK {
+		for i := range op.writes {
+			op.writes[i].ret = -1
+		}
+	}
+}
+
+// ddl adds a column to the side table (or changes one's type), then reads
+// the table, which must not fail; side-read only reads it, so that replica
+// connections have the statement prepared from before the change.
+func (s *histSession) ddl(ctx context.Context, op *histOp) {
+	h := s.h
+	if op.kind == "ddl" {
+		n := h.sideCol.Add(1)
+		q := fmt.Sprintf("ALTER TABLE %s ADD COLUMN c%d int", h.side, n)
+		if n > histSideCols {
+			typ := []string{"bigint", "int"}[(n/histSideCols)%2]
+			q = fmt.Sprintf("ALTER TABLE %s ALTER COLUMN c%d TYPE %s", h.side, n%histSideCols+1, typ)
+		}
+		op.detail = q
+		if _, err := s.conn.ExecContext(ctx, q); err != nil {
+			op.err, op.out = err, outIndet
+			return
+		}
+	}
+	rows, err := s.conn.QueryContext(ctx, h.sql.side, 1)
+	if err == nil {
+		for rows.Next() {
+		}
+		err = rows.Err()
+		rows.Close()
+	}
+	if err != nil {
+		op.err, op.out = err, outIndet
+		var pe *pgconn.PgError
+		if op.kind == "side-read" && errors.As(err, &pe) {
+			op.note = "side-read failed after another session's DDL: " + pe.Code
+		}
+		if op.kind == "ddl" && ctx.Err() == nil && errors.As(err, &pe) && pe.Code != "57014" && !(pe.Code == "40001" && strings.Contains(pe.Message, "recovery")) {
+			op.ddlErr = err
+		}
+	}
+}
+
+// concurrentDDL returns another session's DDL op that may have committed
+// while op ran (it ended after op started), or nil.
+func concurrentDDL(all []*histOp, op *histOp) *histOp {
+	for _, o := range all {
+		if o != op && o.kind == "ddl" && o.slot != op.slot && o.end >= op.start && o.start <= op.end {
+			return o
+		}
+	}
+	return nil
+}
+
+// --- ground truth and checks ---
+
+type histTruth struct {
+	rows  map[int64][]int64 // op_id -> commit timestamps (µs) of its rows
+	keyOf map[int64]int
+	rank  map[int64]int // op_id (present once) -> the value its commit left on its key
+	count [histKeys]int
+	final [histKeys]int64
+	tcAt  [histKeys][]int64 // by key, the commit time of each version: tcAt[k][v-1] made v
+}
+
+func (h *histRun) groundTruth() *histTruth {
+	t := h.t
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, cluster.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tr := &histTruth{rows: map[int64][]int64{}, keyOf: map[int64]int{}, rank: map[int64]int{}}
+	type row struct {
+		id int64
+		k  int
+		tc int64
+	}
+	var all []row
+	rows, err := conn.Query(ctx, fmt.Sprintf("SELECT op_id, k, pg_xact_commit_timestamp(xmin) FROM %s", h.ops))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var r row
+		var tc *time.Time
+		if err := rows.Scan(&r.id, &r.k, &tc); err != nil {
+			t.Fatal(err)
+		}
+		if tc == nil {
+			t.Fatalf("history: seed %d: op %d has no commit timestamp (track_commit_timestamp off?)", h.seed, r.id)
+		}
+		r.tc = tc.UnixMicro()
+		all = append(all, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].tc < all[j].tc })
+	for _, r := range all {
+		if r.k < 0 || r.k >= histKeys {
+			t.Fatalf("history: seed %d: ops row with key %d", h.seed, r.k)
+		}
+		tr.count[r.k]++
+		tr.rows[r.id] = append(tr.rows[r.id], r.tc)
+		tr.keyOf[r.id] = r.k
+		tr.tcAt[r.k] = append(tr.tcAt[r.k], r.tc)
+		tr.rank[r.id] = tr.count[r.k] // ties in Tc on one key cannot happen: the row lock orders them
+	}
+	krows, err := conn.Query(ctx, fmt.Sprintf("SELECT k, v FROM %s", h.kv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for krows.Next() {
+		var k int
+		var v int64
+		if err := krows.Scan(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+		tr.final[k] = v
+	}
+	if err := krows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+func (h *histRun) node(port int) string {
+	if n, ok := h.ports[port]; ok {
+		return n
+	}
+	return strconv.Itoa(port)
+}
+
+func (h *histRun) describe(op *histOp) string {
+	var b strings.Builder
+	who := fmt.Sprintf("sess %d", op.sess)
+	if op.sess < 0 {
+		who = "db"
+	}
+	fmt.Fprintf(&b, "#%d [slot %d %s pool=%s] %s", op.idx, op.slot, who, h.pools[op.pool].scope, op.kind)
+	if op.detail != "" {
+		fmt.Fprintf(&b, " (%s)", op.detail)
+	}
+	fmt.Fprintf(&b, " %s..%s", h.rel(op.start), h.rel(op.end))
+	for _, w := range op.writes {
+		fmt.Fprintf(&b, " write{op_id=%d k=%d", w.id, w.k)
+		if w.ret >= 0 {
+			fmt.Fprintf(&b, " returned v=%d", w.ret)
+		}
+		b.WriteString("}")
+	}
+	for _, r := range op.reads {
+		var kv []string
+		for k, v := range r.vals {
+			if v >= 0 {
+				kv = append(kv, fmt.Sprintf("%d:%d", k, v))
+			}
+		}
+		rw := ""
+		if r.inRW {
+			rw = " in rw tx"
+		}
+		fmt.Fprintf(&b, " read@%s{%s on %s%s}", h.rel(r.at), strings.Join(kv, " "), h.node(r.port), rw)
+	}
+	fmt.Fprintf(&b, " -> %s", op.out)
+	if op.err != nil {
+		fmt.Fprintf(&b, " (%v)", op.err)
+	}
+	if len(op.faults) > 0 {
+		fmt.Fprintf(&b, " faults[%s]", strings.Join(op.faults, ", "))
+	}
+	return b.String()
+}
+
+// before lists the n ops the same session ran before op.
+func (h *histRun) before(all []*histOp, op *histOp, n int) string {
+	if op.sess < 0 {
+		return ""
+	}
+	var out []string
+	for i := op.idx - 1; i >= 0 && len(out) < n; i-- {
+		if o := all[i]; o.sess == op.sess && o.pool == op.pool {
+			out = append(out, "    "+h.describe(o))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	slices.Reverse(out)
+	return "\n  the session's previous ops:\n" + strings.Join(out, "\n")
+}
+
+// eventsBetween lists the fault log between from and to (µs).
+func (h *histRun) eventsBetween(from, to int64) string {
+	h.evMu.Lock()
+	defer h.evMu.Unlock()
+	var out []string
+	for _, e := range h.events {
+		if e.at >= from && e.at <= to {
+			out = append(out, fmt.Sprintf("    %s %s", h.rel(e.at), e.what))
+		}
+	}
+	if len(out) > 30 {
+		out = append(out[:30], fmt.Sprintf("    ... %d more", len(out)-30))
+	}
+	return strings.Join(out, "\n")
+}
+
+type histViolations struct {
+	h     *histRun
+	max   int // reported per property; the rest are counted
+	count map[string]int
+	order []string
+}
+
+func (v *histViolations) add(prop, format string, args ...any) {
+	if v.count[prop] == 0 {
+		v.order = append(v.order, prop)
+	}
+	v.count[prop]++
+	if v.count[prop] <= v.max {
+		v.h.t.Errorf("history: seed %d: %s: %s", v.h.seed, prop, fmt.Sprintf(format, args...))
+	}
+}
+
+func (h *histRun) check(all []*histOp, tr *histTruth) {
+	v := &histViolations{h: h, count: map[string]int{}, max: histMaxReports}
+	if n, err := strconv.Atoi(os.Getenv("PGRYW_HISTORY_REPORTS")); err == nil {
+		v.max = n // 0: count only
+		if n < 0 {
+			v.max = math.MaxInt
+		}
+	}
+	writer := map[int64]*histOp{}
+	for _, op := range all {
+		for _, w := range op.writes {
+			writer[w.id] = op
+		}
+	}
+
+	// No duplicated effects.
+	for id, tcs := range tr.rows {
+		op := writer[id]
+		switch {
+		case op == nil:
+			v.add("duplicated effects", "ops row with op_id %d that no op wrote", id)
+		case len(tcs) > 1:
+			var at []string
+			for _, tc := range tcs {
+				at = append(at, h.rel(tc))
+			}
+			v.add("duplicated effects", "op_id %d committed %d times (at %s) by %s", id, len(tcs), strings.Join(at, ", "), h.describe(op))
+		}
+	}
+	for k := 0; k < histKeys; k++ {
+		if tr.final[k] != int64(tr.count[k]) {
+			v.add("duplicated effects", "key %d: final v=%d but %d ops rows", k, tr.final[k], tr.count[k])
+		}
+	}
+
+	// Outcomes match ground truth; returned values match the commit order.
+	for _, op := range all {
+		for _, w := range op.writes {
+			n := len(tr.rows[w.id])
+			switch op.out {
+			case outOK, outCommitErr:
+				if n != 1 {
+					v.add("outcome", "op_id %d present %d times, want 1: %s%s", w.id, n, h.describe(op), h.before(all, op, 3))
+				}
+			case outFail:
+				if n != 0 {
+					v.add("outcome", "op_id %d committed (at %s) although the op definitely failed: %s%s", w.id, h.rel(tr.rows[w.id][0]), h.describe(op), h.before(all, op, 3))
+				}
+			}
+			if op.out == outOK && w.ret >= 0 && n == 1 && w.ret != int64(tr.rank[w.id]) {
+				v.add("returned value", "op_id %d returned v=%d but its commit was #%d on key %d: %s", w.id, w.ret, tr.rank[w.id], w.k, h.describe(op))
+			}
+		}
+		if op.note != "" {
+			h.notes[op.note]++
+		}
+		if op.swallow {
+			v.add("errors", "a string ending in SELECT 1/0 returned no error: %s", h.describe(op))
+		}
+		if op.readErr != nil {
+			v.add("read failed instead of falling back", "%s%s", h.describe(op), h.before(all, op, 4))
+		}
+		if op.ddlErr != nil {
+			if other := concurrentDDL(all, op); other != nil {
+				// Another session's ALTER landed between this one's and
+				// its read (between pgx's prepare and execute, say):
+				// plain pgx fails the same way.
+				h.notes["read after own DDL failed, another session's DDL concurrent"]++
+			} else {
+				v.add("read after DDL failed", "%s%s", h.describe(op), h.before(all, op, 2))
+			}
+		}
+		if op.incompl != "" {
+			v.add("plausible values", "whole-table read returned %s: %s", op.incompl, h.describe(op))
+		}
+		if op.err != nil && strings.HasPrefix(op.err.Error(), "hung") {
+			msg := h.describe(op)
+			if ev := h.eventsBetween(op.start-100_000, op.start+2_000_000); ev != "" {
+				msg += "\n  faults:\n" + ev
+			}
+			v.add("liveness", "%s", msg)
+		}
+		for _, r := range op.reads {
+			for k, val := range r.vals {
+				if val >= 0 && val > int64(tr.count[k]) {
+					v.add("plausible values", "key %d read v=%d > final count %d: %s", k, val, tr.count[k], h.describe(op))
+				}
+			}
+		}
+	}
+
+	h.checkRYW(all, tr, writer, v)
+	h.checkMonotonic(all, tr, v)
+
+	for n, c := range h.notes {
+		h.t.Logf("history: note: %s: %d", n, c)
+	}
+	if len(v.order) > 0 {
+		var parts []string
+		for _, p := range v.order {
+			parts = append(parts, fmt.Sprintf("%s: %d", p, v.count[p]))
+		}
+		h.t.Errorf("history: seed %d: violations: %s (replay: go test -run 'TestHistory$' -args -seed=%d)", h.seed, strings.Join(parts, ", "), h.seed)
+	}
+}
+
+// A scope is a session (pool, sess) or, with session_scope=db, a whole pool
+// (pool, -1).
+type histScope struct{ pool, sess int }
+
+type histVis struct {
+	vt   int64 // from when a read must see it
+	rank int
+	op   *histOp
+	id   int64
+}
+
+func (h *histRun) checkRYW(all []*histOp, tr *histTruth, writer map[int64]*histOp, v *histViolations) {
+	lists := map[histScope]*[histKeys][]histVis{}
+	add := func(sc histScope, k int, x histVis) {
+		l := lists[sc]
+		if l == nil {
+			l = new([histKeys][]histVis)
+			lists[sc] = l
+		}
+		l[k] = append(l[k], x)
+	}
+	for _, op := range all {
+		for _, w := range op.writes {
+			tcs := tr.rows[w.id]
+			if len(tcs) != 1 {
+				continue // reported above
+			}
+			var vt int64
+			switch op.out {
+			case outOK, outCommitErr:
+				vt = op.end
+			case outIndet:
+				vt = max(op.end, tcs[0]+histMargin.Microseconds())
+			default:
+				continue // reported above
+			}
+			x := histVis{vt: vt, rank: tr.rank[w.id], op: op, id: w.id}
+			if op.sess >= 0 {
+				add(histScope{op.pool, op.sess}, w.k, x)
+			}
+			if h.pools[op.pool].scope == "db" {
+				add(histScope{op.pool, -1}, w.k, x)
+			}
+		}
+	}
+	// Sort by vt; best[i] = the highest-ranked write among the first i+1.
+	best := map[histScope]*[histKeys][]int{}
+	for sc, l := range lists {
+		b := new([histKeys][]int)
+		for k := range l {
+			sort.Slice(l[k], func(i, j int) bool { return l[k][i].vt < l[k][j].vt })
+			b[k] = make([]int, len(l[k]))
+			for i := range l[k] {
+				b[k][i] = i
+				if i > 0 && l[k][b[k][i-1]].rank > l[k][i].rank {
+					b[k][i] = b[k][i-1]
+				}
+			}
+		}
+		best[sc] = b
+	}
+	for _, op := range all {
+		var sc histScope
+		switch {
+		case h.pools[op.pool].scope == "db":
+			sc = histScope{op.pool, -1}
+		case op.sess >= 0:
+			sc = histScope{op.pool, op.sess}
+		default:
+			continue
+		}
+		l, b := lists[sc], best[sc]
+		if l == nil {
+			continue
+		}
+		for _, r := range op.reads {
+			for k, val := range r.vals {
+				if val < 0 {
+					continue
+				}
+				i := sort.Search(len(l[k]), func(i int) bool { return l[k][i].vt > r.ts }) - 1
+				if i < 0 {
+					continue
+				}
+				w := l[k][b[k][i]]
+				if val >= int64(w.rank) {
+					continue
+				}
+				why := "returned before the read"
+				if w.op.out == outIndet {
+					why = fmt.Sprintf("outcome unknown, committed at %s", h.rel(tr.rows[w.id][0]))
+				}
+				var between []string
+				if w.op.sess == op.sess && op.sess >= 0 && w.op.idx < op.idx {
+					for _, o := range all[w.op.idx+1 : op.idx] {
+						if o.sess == op.sess && o.pool == op.pool {
+							between = append(between, "    "+h.describe(o))
+						}
+					}
+				}
+				msg := fmt.Sprintf("key %d: read v=%d on %s, but write op_id %d (%s) left v=%d\n  write: %s\n  read:  %s",
+					k, val, h.node(r.port), w.id, why, w.rank, h.describe(w.op), h.describe(op))
+				if len(between) > 0 {
+					msg += "\n  session ops in between:\n" + strings.Join(between, "\n")
+				}
+				if ev := h.eventsBetween(w.op.start-20_000, op.end); ev != "" {
+					msg += "\n  faults:\n" + ev
+				}
+				prop := "read-your-writes"
+				if w.op.out == outIndet {
+					prop = "read-your-writes (indeterminate write)"
+				}
+				v.add(prop, "%s", msg)
+			}
+		}
+	}
+}
+
+// checkMonotonic checks that each session's reads of a key never go back.
+// A read on the writer that misses a version a replica already showed is
+// PostgreSQL's doing, not pgryw's: the primary makes a commit visible only
+// after its WAL is flushed, and a standby may replay it first. Those are
+// counted and logged, not failed.
+func (h *histRun) checkMonotonic(all []*histOp, tr *histTruth, v *histViolations) {
+	type seen struct {
+		v    int64
+		op   *histOp
+		port int
+	}
+	last := map[histScope]*[histKeys]seen{}
+	for _, op := range all { // sorted by start; one session runs one op at a time
+		if op.sess < 0 {
+			continue
+		}
+		sc := histScope{op.pool, op.sess}
+		m := last[sc]
+		if m == nil {
+			m = new([histKeys]seen)
+			for k := range m {
+				m[k].v = -1
+			}
+			last[sc] = m
+		}
+		for _, r := range op.reads {
+			for k, val := range r.vals {
+				if val < 0 {
+					continue
+				}
+				if val < m[k].v {
+					prev := m[k]
+					msg := fmt.Sprintf("key %d: read v=%d on %s after v=%d on %s\n  earlier: %s\n  later:   %s",
+						k, val, h.node(r.port), prev.v, h.node(prev.port), h.describe(prev.op), h.describe(op))
+					if ev := h.eventsBetween(prev.op.start-20_000, op.end); ev != "" {
+						msg += "\n  faults:\n" + ev
+					}
+					prop := "monotonic reads"
+					if prev.port == cluster.Writer.Port {
+						prop = "monotonic reads (earlier read on the writer)"
+					}
+					if r.port == cluster.Writer.Port && prev.v >= 1 && int(prev.v) <= len(tr.tcAt[k]) {
+						gap := time.Duration(r.at-tr.tcAt[k][prev.v-1]) * time.Microsecond
+						h.notes["writer read behind a replica's (commit visible on the standby first)"]++
+						if gap < time.Second {
+							continue
+						}
+						msg += fmt.Sprintf("\n  (the version missed committed %v before the writer read)", gap)
+					}
+					v.add(prop, "%s", msg)
+					continue
+				}
+				m[k] = seen{val, op, r.port}
+			}
+		}
+	}
+}
+
+func (h *histRun) summary(all []*histOp, elapsed time.Duration) {
+	kinds := map[string]int{}
+	outs := map[histOutcome]int{}
+	nodes := map[string]int{}
+	sessions := map[histScope]bool{}
+	var reads int
+	for _, op := range all {
+		kinds[op.kind]++
+		if len(op.writes) > 0 {
+			outs[op.out]++
+		}
+		for _, r := range op.reads {
+			nodes[h.node(r.port)]++
+			reads++
+		}
+		if op.sess >= 0 {
+			sessions[histScope{op.pool, op.sess}] = true
+		}
+	}
+	var ks []string
+	for k, n := range kinds {
+		ks = append(ks, fmt.Sprintf("%s=%d", k, n))
+	}
+	sort.Strings(ks)
+	h.evMu.Lock()
+	nev := len(h.events)
+	h.evMu.Unlock()
+	h.t.Logf("history: seed %d: %d ops in %v (%d sessions), %d reads by node %v; write outcomes ok=%d fail=%d committed-with-error=%d indeterminate=%d; faults fired: cut-write=%d cut-read=%d reset=%d stall=%d; %d events",
+		h.seed, len(all), elapsed.Round(time.Millisecond), len(sessions), reads, nodes,
+		outs[outOK], outs[outFail], outs[outCommitErr], outs[outIndet],
+		h.nw.Fired(faultnet.CutWrite), h.nw.Fired(faultnet.CutRead), h.nw.Fired(faultnet.Reset), h.nw.Fired(faultnet.Stall), nev)
+	h.t.Logf("history: ops by kind: %s", strings.Join(ks, " "))
+	for _, p := range h.pools {
+		h.t.Logf("history: pool session_scope=%s stats %+v", p.scope, p.c.Stats())
+	}
+}
