@@ -2,11 +2,28 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: test unit vet fuzz fuzz-all difftest ormcheck demo bench postgres
+.PHONY: test test-pg19 test-pg18 unit vet fuzz fuzz-all difftest ormcheck demo bench postgres check-long
 
 test: postgres vet
+	@./scripts/pg-version.sh "" "Debian's server: every test, with -race"
 	$(GO) test -race -count=1 ./...
 	$(MAKE) difftest ormcheck fuzz
+	$(MAKE) test-pg19 test-pg18
+
+# The tests that start servers, on another PostgreSQL version. PostgreSQL 19
+# is built from ../shared/pg19 once per machine; 18 comes from npm.
+SERVER_TESTS = -run '^(TestIntegration|TestRoundTrips|TestHistory)'
+
+test-pg19: postgres
+	@bindir=$$(./scripts/ensure-pg19.sh) && \
+	./scripts/pg-version.sh "$$bindir" "integration suite, wait_method=auto (WAIT FOR LSN)" && \
+	PGRYW_PG_BINDIR=$$bindir PGRYW_EXPECT_MAJOR=19 $(GO) test -count=1 $(SERVER_TESTS) . && \
+	cd internal/ormcheck && PGRYW_PG_BINDIR=$$bindir $(GO) test -count=1 ./...
+
+test-pg18: postgres
+	@bindir=$$(./scripts/ensure-pg18.sh) && \
+	./scripts/pg-version.sh "$$bindir" "integration suite (standbys copied from a stopped primary)" && \
+	PGRYW_PG_BINDIR=$$bindir PGRYW_EXPECT_MAJOR=18 $(GO) test -count=1 $(SERVER_TESTS) .
 
 postgres:
 	@./scripts/ensure-postgres.sh
@@ -44,3 +61,11 @@ demo: postgres
 
 bench: postgres
 	$(GO) run ./cmd/rywbench
+
+# The randomized history checker (TestHistory) for a long run, without -race:
+# make check-long HISTORY_DURATION=30m [HISTORY_SEED=N] replays a schedule.
+HISTORY_DURATION ?= 10m
+HISTORY_SEED ?=
+check-long: postgres
+	PGRYW_HISTORY_DURATION=$(HISTORY_DURATION) PGRYW_HISTORY_SEED=$(HISTORY_SEED) \
+		$(GO) test -count=1 -timeout=0 -v -run '^TestHistory$$' .
