@@ -34,25 +34,6 @@ type backend struct {
 	// txOpen tracks an explicit BEGIN for test doubles, which cannot report
 	// the server's transaction status.
 	txOpen bool
-
-	// schemaSeen is the owning Conn's schemaGen when pgx's statement cache
-	// on this connection was last known to hold nothing older than the
-	// session's own schema changes.
-	schemaSeen uint64
-}
-
-// resetStatements empties pgx's statement and description caches on b (and
-// the server's prepared statements, pgryw's own included), so the next
-// execution of each statement describes it afresh. It costs a round trip.
-func (b *backend) resetStatements(ctx context.Context) {
-	sc, ok := b.conn.(*stdlib.Conn)
-	if !ok || b.closed() {
-		return
-	}
-	if err := sc.Conn().DeallocateAll(ctx); err != nil {
-		b.close()
-	}
-	b.prepared = nil
 }
 
 func newBackend(dc driver.Conn, n *node) *backend {

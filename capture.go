@@ -118,9 +118,6 @@ func (cn *Conn) afterWriter(ctx context.Context, ws *writerStmt, err error) {
 	if err == nil && cls.Pin {
 		cn.pinned = true
 	}
-	if cls.Schema {
-		cn.schemaGen++
-	}
 	closed := w.closed()
 	inBlock := !closed && !w.idle()
 
@@ -333,7 +330,6 @@ func (cn *Conn) RunOnWriter(ctx context.Context, f func(*pgx.Conn) error) error 
 		return errors.New("pgryw: RunOnWriter needs a pgx connection")
 	}
 	err := f(sc.Conn())
-	cn.schemaGen++
 	if cn.c.plain || !cn.c.cfg.ReadYourWrites {
 		return err
 	}

@@ -34,10 +34,6 @@ type Conn struct {
 	blockWrote bool
 
 	tx *tx // the open database/sql transaction, if any
-
-	// schemaGen counts statements this connection ran on the writer that
-	// may have changed the schema; see backend.schemaSeen.
-	schemaGen uint64
 }
 
 // Close implements driver.Conn.
@@ -132,9 +128,13 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 			return res, err
 		}
 	}
-	cn.freshWriter(ctx)
 	ws := cn.beforeWriter(&cls)
 	res, err := cn.writer.exec(ctx, query, args)
+	if cn.staleRead(&cls, &ws, err) {
+		cn.afterWriter(ctx, &ws, err)
+		ws = cn.beforeWriter(&cls)
+		res, err = cn.writer.exec(ctx, query, args)
+	}
 	cn.afterWriter(ctx, &ws, err)
 	return res, err
 }
@@ -172,9 +172,13 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 			return &afterRows{Rows: rows, done: func(error) { done() }}, nil
 		}
 	}
-	cn.freshWriter(ctx)
 	ws := cn.beforeWriter(&cls)
 	rows, err := cn.writer.query(ctx, query, args)
+	if cn.staleRead(&cls, &ws, err) {
+		cn.afterWriter(ctx, &ws, err)
+		ws = cn.beforeWriter(&cls)
+		rows, err = cn.writer.query(ctx, query, args)
+	}
 	if err != nil || ws.inj == nil && !ws.commits {
 		cn.afterWriter(ctx, &ws, err)
 		return rows, err
@@ -185,19 +189,13 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 	return &afterRows{Rows: rows, done: func(err error) { cn.afterWriter(ctx, &ws, err) }}, nil
 }
 
-// freshWriter empties pgx's statement cache on the writer connection once
-// after this connection changed the schema, so the session's own ALTER TABLE
-// is never followed by "cached plan must not change result type" from a
-// description cached before it (plain pgx would fail that statement once).
-// Not inside a failed transaction block, where the server refuses
-// everything: the next statement after the block ends does it.
-func (cn *Conn) freshWriter(ctx context.Context) {
-	w := cn.writer
-	if w.schemaSeen == cn.schemaGen || w.pg == nil || w.pg.TxStatus() == 'E' {
-		return
-	}
-	w.resetStatements(ctx)
-	w.schemaSeen = cn.schemaGen
+// staleRead reports that a read run on the writer outside a transaction
+// block failed because pgx's cached description of it predates a schema
+// change ("cached plan must not change result type"). Nothing ran, pgx has
+// dropped the description, and a read is safe to send again: pgryw does,
+// once, where plain pgx would fail the statement once.
+func (cn *Conn) staleRead(cls *sqlclass.Result, ws *writerStmt, err error) bool {
+	return err != nil && ws.idleBefore && cn.writer.idle() && cn.c.readOnly(cls) && isStaleDescription(err)
 }
 
 // routeReplica decides, outside any transaction, whether a statement goes to

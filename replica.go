@@ -34,7 +34,6 @@ func (cn *Conn) replica(ctx context.Context, n *node) (*backend, error) {
 		return nil, err
 	}
 	b := newBackend(dc, n)
-	b.schemaSeen = cn.schemaGen
 	cn.replicas[n.index] = b
 	return b, nil
 }
@@ -116,12 +115,10 @@ type attempt struct {
 	discard func()
 	ran     bool
 	err     error
-	parses  uint64 // the wire's named-Parse count before the read
 }
 
 func (a *attempt) read() {
 	if w := a.b.wire; w != nil {
-		a.parses = w.NamedParses()
 		if a.trail && a.cn.c.cfg.ReadYourWrites {
 			a.post = a.b.injectPrepared(&a.b.post, stmtPoll, sqlPoll)
 			w.AppendAfterExec(a.post)
@@ -134,11 +131,11 @@ func (a *attempt) read() {
 	}
 }
 
-// drop discards the answer, whatever it was. If the discarded read
-// prepared a statement (pgx caches its description), the cache is cleared:
-// the replica was behind, and a description taken there (say, before the
-// session's own ALTER TABLE … ADD COLUMN) would make the next execution
-// fail with "cached plan must not change result type".
+// drop discards the answer, whatever it was. A discarded read may leave a
+// statement description in pgx's cache taken while the replica was behind
+// (say, before the session's own ALTER TABLE … ADD COLUMN); its next
+// execution then fails with "cached plan must not change result type"
+// before running, and onReplica reads again.
 func (a *attempt) drop() {
 	if a.discard != nil {
 		a.discard()
@@ -146,9 +143,6 @@ func (a *attempt) drop() {
 	if a.post != nil {
 		a.cn.await(a.ctx, a.b, a.post) // its slot is about to be reused
 		a.post = nil
-	}
-	if w := a.b.wire; w != nil && a.ran && w.NamedParses() != a.parses {
-		a.b.resetStatements(a.ctx)
 	}
 	a.discard, a.err, a.ran = nil, nil, false
 }
@@ -245,6 +239,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		return cn.toWriter(), nil, nil
 	}
 	var tried uint64
+	retriedStale := false
 	for {
 		b, check, err := cn.nextReplica(ctx, wm, &tried)
 		if errors.Is(err, errUseWriter) {
@@ -252,17 +247,6 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		}
 		if err != nil {
 			return false, nil, err
-		}
-		if b.schemaSeen != cn.schemaGen {
-			// The session changed the schema since this connection cached
-			// statement descriptions: a SELECT * described before its
-			// ALTER TABLE would fail once the replica replays it.
-			b.resetStatements(ctx)
-			b.schemaSeen = cn.schemaGen
-			if b.closed() {
-				cn.dropReplica(b)
-				continue
-			}
 		}
 		a := &attempt{ctx: ctx, cn: cn, b: b, run: run, trail: trail}
 		res, chkErr := waitOK, error(nil)
@@ -343,6 +327,18 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			b.node.markRefused()
 			return cn.toWriter(), nil, nil
 		}
+		if isPg && isStaleDescription(pgErr) {
+			// A description pgx cached before a schema change (the
+			// session's own or another's ALTER TABLE, replayed here, or
+			// taken by a discarded attempt): pgx has dropped it, and
+			// nothing ran. Read again.
+			a.drop()
+			if !retriedStale {
+				retriedStale = true
+				tried &^= 1 << uint(b.node.index%64)
+			}
+			continue
+		}
 		if b.closed() || errors.Is(a.err, driver.ErrBadConn) || pgconn.SafeToRetry(a.err) || isPg && replicaFault(pgErr) {
 			// The replica failed the read before any row reached the
 			// caller (pgx reads the first row before returning): a
@@ -359,6 +355,15 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		a.finish()
 		return false, nil, err
 	}
+}
+
+// isStaleDescription reports PostgreSQL's refusal to run a prepared
+// statement whose result columns changed since it was prepared (0A000
+// "cached plan must not change result type"): it is raised before the
+// statement runs.
+func isStaleDescription(err error) bool {
+	var e *pgconn.PgError
+	return errors.As(err, &e) && e.Code == "0A000" && strings.Contains(e.Message, "cached plan must not change result type")
 }
 
 // replicaFault reports a server error that says the replica, not the

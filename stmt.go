@@ -122,18 +122,12 @@ func (t *tx) note(query string, err error) {
 	if cls.Pin {
 		t.cn.pinned = true
 	}
-	if cls.Schema {
-		t.cn.schemaGen++
-	}
 	if t.cn.c.mayWrite(&cls) {
 		t.wrote = true
 	}
 }
 
 func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if !t.onReplica {
-		t.cn.freshWriter(ctx)
-	}
 	res, err := t.b.exec(ctx, query, args)
 	if t.refused(err) {
 		if err = t.moveToWriter(); err == nil {
@@ -146,9 +140,6 @@ func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue) (
 }
 
 func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if !t.onReplica {
-		t.cn.freshWriter(ctx)
-	}
 	rows, err := t.b.query(ctx, query, args)
 	if t.refused(err) {
 		if err = t.moveToWriter(); err == nil {

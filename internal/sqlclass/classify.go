@@ -64,10 +64,6 @@ type Result struct {
 	// Chain: the first statement is COMMIT AND CHAIN or ROLLBACK AND CHAIN,
 	// which leaves a new transaction block open.
 	Chain bool
-	// Schema: the string may change the schema (CREATE, ALTER, DROP, or
-	// DO, CALL, EXECUTE and unknown statements, which may run DDL), so
-	// statement descriptions cached before it may no longer hold.
-	Schema bool
 }
 
 // ReadOnly reports whether r may run on a replica, assuming every name in
@@ -181,7 +177,6 @@ func stricter(a, b Result) Result {
 	a.Write = a.Write || b.Write
 	a.Pin = a.Pin || b.Pin
 	a.Mixed = a.Mixed || b.Mixed
-	a.Schema = a.Schema || b.Schema
 	a.Chain = a.Chain || b.Chain
 	if a.Hint != HintPrimary && b.Hint != HintNone {
 		a.Hint = b.Hint
@@ -280,7 +275,6 @@ func lookupKeyword(s string) keyword {
 // part is the classification of one statement.
 type part struct {
 	write, pin bool
-	ddl        bool
 	tx         TxOp
 	reason     string
 }
@@ -436,7 +430,6 @@ func (c *classifier) run(ts []stok) Result {
 	res := Result{Hint: c.hint}
 	if c.bad != "" {
 		res.Write = true
-		res.Schema = true
 		res.Reason = c.bad
 		return res
 	}
@@ -458,7 +451,6 @@ func (c *classifier) run(ts []stok) Result {
 			}
 			res.Write = res.Write || p.write
 			res.Pin = res.Pin || p.pin
-			res.Schema = res.Schema || p.ddl
 		}
 		start = end + 1
 	}
@@ -609,7 +601,7 @@ func (c *classifier) stmt(ts []stok, depth int) part {
 	case kwExecute:
 		// Runs a statement prepared earlier on this session: we cannot see
 		// what it does, and it only exists on the writer.
-		return part{write: true, pin: true, ddl: true, reason: "EXECUTE"}
+		return part{write: true, pin: true, reason: "EXECUTE"}
 	case kwDeclare:
 		return c.declare(ts, depth)
 	case kwFetch, kwMove, kwClose, kwListen, kwUnlisten, kwReset, kwDiscard, kwLoad, kwDeallocate:
@@ -618,7 +610,6 @@ func (c *classifier) stmt(ts []stok, depth int) part {
 		return setStmt(ts)
 	case kwCreate:
 		p := writePart("CREATE")
-		p.ddl = true
 		if c.createsTemp(ts) {
 			p.pin = true
 			p.reason = "CREATE TEMP"
@@ -632,16 +623,9 @@ func (c *classifier) stmt(ts []stok, depth int) part {
 		kwGrant, kwRevoke, kwSecurity, kwReassign, kwImport, kwCall, kwDo, kwLock,
 		kwVacuum, kwAnalyze, kwAnalyse, kwCluster, kwReindex, kwRefresh, kwCheckpoint,
 		kwNotify:
-		p := writePart(t0.kw.upper())
-		switch t0.kw {
-		case kwAlter, kwDrop, kwDo, kwCall:
-			p.ddl = true
-		}
-		return p
+		return writePart(t0.kw.upper())
 	}
-	p := writePart("unknown statement")
-	p.ddl = true
-	return p
+	return writePart("unknown statement")
 }
 
 // chained reports AND CHAIN (not AND NO CHAIN) in COMMIT/ROLLBACK.

@@ -96,7 +96,6 @@ type Conn struct {
 	queue   []segment // answers still to come, in order; empty: pass all
 	pending []byte    // pass-through bytes read by Await, for pgx's next Read
 	wbuf    []byte
-	parses  uint64        // named Parse messages seen while something was armed
 	sent    uint64        // bytes of the caller's that went out
 	reading bool          // a Read or Await is on the socket
 	waiter  chan struct{} // closed when that read returns, if someone waits
@@ -136,17 +135,6 @@ func (c *Conn) Disarm() {
 	c.mu.Unlock()
 }
 
-// NamedParses counts the named Parse messages (statements pgx prepares into
-// its cache) among the writes that carried or followed an injection. A
-// caller that discards the answer to such a write learns from a change in
-// the count that the server prepared a statement, and pgx cached its
-// description, during the discarded attempt.
-func (c *Conn) NamedParses() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.parses
-}
-
 // ErrFraming reports bytes from pgx that do not parse as protocol messages;
 // Conn then injects nothing.
 var ErrFraming = errors.New("wire: unexpected frontend message framing")
@@ -160,8 +148,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 		c.countSent(n)
 		return n, err
 	}
-	syncs, exec, parses, ok := scanFrontend(b)
-	c.parses += uint64(parses)
+	syncs, exec, ok := scanFrontend(b)
 	if !ok {
 		c.prefix, c.suffix = nil, nil
 		c.mu.Unlock()
@@ -245,24 +232,19 @@ func (c *Conn) trimQueue() {
 }
 
 // scanFrontend walks pgx's messages: how many end in a ReadyForQuery (Sync,
-// Query, FunctionCall), whether any executes a statement, and how many
-// prepare a named statement.
-func scanFrontend(b []byte) (syncs int, exec bool, parses int, ok bool) {
+// Query, FunctionCall) and whether any executes a statement.
+func scanFrontend(b []byte) (syncs int, exec bool, ok bool) {
 	for i := 0; i < len(b); {
 		if len(b)-i < 5 {
-			return 0, false, 0, false
+			return 0, false, false
 		}
 		t := b[i]
 		n32 := binary.BigEndian.Uint32(b[i+1 : i+5])
 		if n32 < 4 || uint64(n32) > uint64(len(b)-i-1) {
-			return 0, false, 0, false
+			return 0, false, false
 		}
 		n := int(n32) // fits: at most len(b)
 		switch t {
-		case 'P':
-			if n > 4 && b[i+5] != 0 { // a name, not the unnamed statement
-				parses++
-			}
 		case 'S', 'F':
 			syncs++
 		case 'Q':
@@ -273,7 +255,7 @@ func scanFrontend(b []byte) (syncs int, exec bool, parses int, ok bool) {
 		}
 		i += 1 + n
 	}
-	return syncs, exec, parses, true
+	return syncs, exec, true
 }
 
 func appendQuery(buf []byte, sql string) []byte {

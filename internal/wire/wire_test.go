@@ -211,26 +211,6 @@ func TestPartialWriteCount(t *testing.T) {
 	}
 }
 
-func TestNamedParses(t *testing.T) {
-	c := Wrap(&chunked{})
-	c.Prefix(&Injection{SQL: "SELECT 1"})
-	unnamed := encF(t, &pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Sync{})
-	if _, err := c.Write(unnamed); err != nil {
-		t.Fatal(err)
-	}
-	if n := c.NamedParses(); n != 0 {
-		t.Fatalf("unnamed Parse counted: %d", n)
-	}
-	c.Prefix(&Injection{SQL: "SELECT 1"})
-	named := encF(t, &pgproto3.Parse{Name: "stmtcache_1", Query: "SELECT 1"}, &pgproto3.Describe{ObjectType: 'S', Name: "stmtcache_1"}, &pgproto3.Sync{})
-	if _, err := c.Write(named); err != nil {
-		t.Fatal(err)
-	}
-	if n := c.NamedParses(); n != 1 {
-		t.Fatalf("named Parse: count %d, want 1", n)
-	}
-}
-
 // pgx's background reader (started while a write is slow) may be blocked
 // in Read when pgryw's answer arrives: it reads and strips the answer, and
 // must then return rather than block again, so that Await, waiting beside
