@@ -28,9 +28,16 @@ test-pg18: postgres
 postgres:
 	@./scripts/ensure-postgres.sh
 
+# staticcheck (honnef.co/go/tools), pinned, from the Go module proxy; the
+# separate modules are checked too.
+STATICCHECK = $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 vet:
 	@test -z "$$(gofmt -l . | tee /dev/stderr)" || (echo "gofmt needed" >&2; exit 1)
 	$(GO) vet ./...
+	$(STATICCHECK) ./...
+	cd internal/ormcheck && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd internal/pgquerycheck && $(GO) vet ./... && $(STATICCHECK) ./...
 
 unit:
 	$(GO) test -count=1 -short ./...

@@ -25,8 +25,6 @@ type node struct {
 	lagAt      atomic.Int64  // when lag was measured, unix ns; 0 = never
 }
 
-type atomicBool = atomic.Bool
-
 // nodeBackoff is how long a replica that failed is left alone before the next
 // read tries it again.
 const nodeBackoff = time.Second

@@ -349,7 +349,7 @@ func (c *Conn) endMessage() {
 		in := c.queue[0].inj
 		switch t {
 		case 'D':
-			if in.row == nil || len(in.row) == 0 {
+			if len(in.row) == 0 {
 				var dr pgproto3.DataRow
 				if dr.Decode(c.body) == nil {
 					for _, v := range dr.Values {
