@@ -105,15 +105,6 @@ func (b *backend) sent() uint64 {
 	return b.wire.Sent()
 }
 
-// ErrConnLost is returned when a server connection failed after a
-// statement's bytes had gone out: the statement may or may not have run.
-// pgx v5.12 calls some of these failures safe to retry (a read that fails
-// after a no-argument statement was sent), and database/sql would then run
-// the statement again on another connection; pgryw reports them as this
-// instead. driver.ErrBadConn reaches database/sql only when no byte of the
-// statement left.
-var ErrConnLost = errors.New("pgryw: connection lost after the statement was sent; it may or may not have run")
-
 // callerError turns err from a statement on b into what the caller gets:
 // ErrConnLost for a driver.ErrBadConn that came after bytes left (sent is
 // the count before the statement), and the server's error bare (see
@@ -239,9 +230,9 @@ func (b *backend) injectionFailed(name string, err error) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case "26000": // invalid_sql_statement_name
+		case sqlstateNoSuchStatement:
 			delete(b.prepared, name)
-		case "42P05": // duplicate_prepared_statement
+		case sqlstateDuplicateStatement:
 			b.prepared[name] = true
 		}
 	}

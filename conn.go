@@ -3,16 +3,10 @@ package pgryw
 import (
 	"context"
 	"database/sql/driver"
-	"errors"
 	"fmt"
 
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
-
-// ErrReplicaHint is returned for a statement carrying a /* pgryw:replica */
-// hint that the classifier says writes or changes the session: obeying the
-// hint would fail on the replica or change the wrong session.
-var ErrReplicaHint = errors.New("pgryw: /* pgryw:replica */ hint on a statement that must run on the writer")
 
 // Conn is one database/sql connection: a writer connection opened at once,
 // and a connection to each replica opened when a read first needs it.

@@ -48,7 +48,11 @@ func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewConnector(cfg)
+	c, err := NewConnector(cfg)
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return c, nil
 }
 
 // Connector holds everything one pool shares: the parsed configuration, what
@@ -82,7 +86,7 @@ type Connector struct {
 
 // NewConnector validates cfg and returns a connector for sql.OpenDB. cfg is
 // copied; later changes to it have no effect.
-func NewConnector(cfg *Config) (driver.Connector, error) {
+func NewConnector(cfg *Config) (*Connector, error) {
 	return newConnector(cfg)
 }
 
@@ -266,15 +270,15 @@ func (c *Connector) Config() *Config { return c.cfg.Clone() }
 
 // Stats counts what the connector's connections did since it was created.
 type Stats struct {
-	ReplicaReads   int64 // reads served by a replica
-	WriterReads    int64 // reads served by the writer (no replica usable, pinned, hinted, or fallback)
-	Fallbacks      int64 // reads sent to the writer because a replica was behind, unreachable or promoted
-	StaleReads     int64 // reads served by a replica behind the watermark (on_timeout=stale)
-	BehindErrors   int64 // reads that returned ErrReplicaBehind (on_timeout=error)
-	Waits          int64 // reads that made a replica wait: a WAIT FOR, or polling after a failed check
-	WaitTimeouts   int64 // waits whose budget ran out
-	Captures       int64 // writer positions read after a commit
-	CaptureFailure int64 // commits whose position could not be read (the next read re-captures)
+	ReplicaReads    int64 // reads served by a replica
+	WriterReads     int64 // reads served by the writer (no replica usable, pinned, hinted, or fallback)
+	Fallbacks       int64 // reads sent to the writer because a replica was behind, unreachable or promoted
+	StaleReads      int64 // reads served by a replica behind the watermark (on_timeout=stale)
+	BehindErrors    int64 // reads that returned ErrReplicaBehind (on_timeout=error)
+	Waits           int64 // reads that made a replica wait: a WAIT FOR, or polling after a failed check
+	WaitTimeouts    int64 // waits whose budget ran out
+	Captures        int64 // writer positions read after a commit
+	CaptureFailures int64 // commits whose position could not be read (the next read re-captures)
 }
 
 type counters struct {
@@ -289,7 +293,7 @@ func (c *Connector) Stats() Stats {
 	return Stats{
 		ReplicaReads: s.replicaReads.Load(), WriterReads: s.writerReads.Load(), Fallbacks: s.fallbacks.Load(),
 		StaleReads: s.staleReads.Load(), BehindErrors: s.behindErrors.Load(), Waits: s.waits.Load(),
-		WaitTimeouts: s.waitTimeouts.Load(), Captures: s.captures.Load(), CaptureFailure: s.captureFailures.Load(),
+		WaitTimeouts: s.waitTimeouts.Load(), Captures: s.captures.Load(), CaptureFailures: s.captureFailures.Load(),
 	}
 }
 

@@ -41,9 +41,9 @@ func ExampleNewConnector() {
 	db := sql.OpenDB(c)
 	defer db.Close()
 	// Where did the reads go?
-	fmt.Printf("%+v\n", c.(*pgryw.Connector).Stats())
+	fmt.Printf("%+v\n", c.Stats())
 	// Output:
-	// {ReplicaReads:0 WriterReads:0 Fallbacks:0 StaleReads:0 BehindErrors:0 Waits:0 WaitTimeouts:0 Captures:0 CaptureFailure:0}
+	// {ReplicaReads:0 WriterReads:0 Fallbacks:0 StaleReads:0 BehindErrors:0 Waits:0 WaitTimeouts:0 Captures:0 CaptureFailures:0}
 }
 
 func ExampleWithPrimary() {

@@ -161,7 +161,7 @@ func TestIntegrationPartialWriteRunsOnce(t *testing.T) {
 	}
 	var armed atomic.Bool
 	marker := []byte("INSERT INTO " + table)
-	pgryw.SetNetHook(c.(*pgryw.Connector), func(port uint16, nc net.Conn) net.Conn {
+	pgryw.SetNetHook(c, func(port uint16, nc net.Conn) net.Conn {
 		return &cutConn{Conn: nc, marker: marker, armed: &armed}
 	})
 	db := sql.OpenDB(c)
@@ -569,7 +569,7 @@ func openFaulty(t *testing.T, marker string, delay time.Duration, cutAnswer bool
 		t.Fatal(err)
 	}
 	armed := new(atomic.Bool)
-	pgryw.SetNetHook(c.(*pgryw.Connector), func(port uint16, nc net.Conn) net.Conn {
+	pgryw.SetNetHook(c, func(port uint16, nc net.Conn) net.Conn {
 		return &faultConn{Conn: nc, marker: []byte(marker), armed: armed, delay: delay, cutAnswer: cutAnswer}
 	})
 	db := sql.OpenDB(c)

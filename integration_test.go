@@ -56,7 +56,7 @@ func openDSN(t *testing.T, dsn string) (*sql.DB, *pgryw.Connector) {
 	}
 	db := sql.OpenDB(c)
 	t.Cleanup(func() { db.Close() })
-	return db, c.(*pgryw.Connector)
+	return db, c
 }
 
 // setDelay sets recovery_min_apply_delay on both replicas for one test and

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -195,19 +194,6 @@ func (n *node) markRefused() {
 	n.downUntil.Store(time.Now().Add(refusedBackoff).UnixNano())
 }
 
-// isRefusal is refusedByStandby for any error.
-func isRefusal(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && refusedByStandby(pgErr)
-}
-
-// refusedByStandby reports a standby's refusal to start a transaction at
-// all, before the statement ran: "cannot use serializable mode in a hot
-// standby" (0A000), whatever the statement.
-func refusedByStandby(e *pgconn.PgError) bool {
-	return e.Code == "0A000" && strings.Contains(e.Message, "hot standby")
-}
-
 // pipelinedAttempts bounds how many times a read is sent along with a check
 // that then fails: each failure wastes one execution of the read, so after
 // these, pgryw polls alone and sends the read once the replica is there.
@@ -313,7 +299,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		}
 		var pgErr *pgconn.PgError
 		isPg := errors.As(a.err, &pgErr)
-		if isPg && pgErr.Code == "25006" && query != "" {
+		if isPg && pgErr.Code == sqlstateReadOnly && query != "" {
 			a.drop()
 			cn.c.classes.learnWrite(query)
 			*cls = cn.c.classes.get(query)
@@ -355,28 +341,6 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		a.finish()
 		return false, nil, err
 	}
-}
-
-// isStaleDescription reports PostgreSQL's refusal to run a prepared
-// statement whose result columns changed since it was prepared (0A000
-// "cached plan must not change result type"): it is raised before the
-// statement runs.
-func isStaleDescription(err error) bool {
-	var e *pgconn.PgError
-	return errors.As(err, &e) && e.Code == "0A000" && strings.Contains(e.Message, "cached plan must not change result type")
-}
-
-// replicaFault reports a server error that says the replica, not the
-// statement, failed: connection exceptions (08), shutdown and startup
-// (57P01-57P03), and recovery conflicts, which a standby reports as
-// serialization failures or deadlocks (40001, 40P01) when replay needs what
-// the read holds.
-func replicaFault(e *pgconn.PgError) bool {
-	switch e.Code {
-	case "57P01", "57P02", "57P03", "40001", "40P01":
-		return true
-	}
-	return strings.HasPrefix(e.Code, "08")
 }
 
 // pipelined sends the read with its check in one flush and, while a polled

@@ -197,7 +197,7 @@ func TestRoundTrips(t *testing.T) {
 	if w, r := delta(b); w != 3 || r != 0 {
 		t.Errorf("transaction: %d round trips to the writer, %d to replicas; want 3 and 0", w, r)
 	}
-	if st := c.Stats(); st.Captures < 9 || st.CaptureFailure != 0 {
+	if st := c.Stats(); st.Captures < 9 || st.CaptureFailures != 0 {
 		t.Errorf("stats %+v", st)
 	}
 }

@@ -39,28 +39,6 @@ func waitForSQL(target lsn.LSN, budget time.Duration) string {
 	return fmt.Sprintf("WAIT FOR LSN '%s' WITH (MODE 'standby_replay', TIMEOUT '%dms', NO_THROW)", target, ms)
 }
 
-// ErrReplicaBehind is matched (errors.Is) by the error a read returns under
-// on_timeout=error when no replica replayed the session's watermark in time.
-var ErrReplicaBehind = errors.New("pgryw: replica behind the session's watermark")
-
-// ReplicaBehindError is the error a read returns under on_timeout=error. It
-// matches ErrReplicaBehind.
-type ReplicaBehindError struct {
-	Replica   string        // host:port of the replica that was waited on
-	Watermark string        // the session's watermark, an LSN
-	Replayed  string        // the replica's last known replay LSN ("unknown" if none)
-	Waited    time.Duration // the budget that ran out
-}
-
-// Error reports both positions so the lag can be judged from the message.
-func (e *ReplicaBehindError) Error() string {
-	return fmt.Sprintf("pgryw: replica %s did not replay the session's watermark %s within %v (replayed %s)",
-		e.Replica, e.Watermark, e.Waited, e.Replayed)
-}
-
-// Is makes errors.Is(err, ErrReplicaBehind) true.
-func (e *ReplicaBehindError) Is(target error) bool { return target == ErrReplicaBehind }
-
 // waitResult is what a wait learned about a replica.
 type waitResult uint8
 

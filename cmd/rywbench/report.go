@@ -67,9 +67,9 @@ func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup 
 		if s.PgrywStats != nil {
 			st := s.PgrywStats
 			fmt.Fprintf(w, "\npgryw Stats over the measured iterations: ReplicaReads=%d WriterReads=%d Fallbacks=%d StaleReads=%d BehindErrors=%d\n"+
-				"  Waits=%d WaitTimeouts=%d Captures=%d CaptureFailure=%d\n",
+				"  Waits=%d WaitTimeouts=%d Captures=%d CaptureFailures=%d\n",
 				st.ReplicaReads, st.WriterReads, st.Fallbacks, st.StaleReads, st.BehindErrors,
-				st.Waits, st.WaitTimeouts, st.Captures, st.CaptureFailure)
+				st.Waits, st.WaitTimeouts, st.Captures, st.CaptureFailures)
 		}
 	}
 

@@ -104,14 +104,14 @@ func fmtMS(v float64) string {
 // statsDiff returns a - b, field by field.
 func statsDiff(a, b pgryw.Stats) pgryw.Stats {
 	return pgryw.Stats{
-		ReplicaReads:   a.ReplicaReads - b.ReplicaReads,
-		WriterReads:    a.WriterReads - b.WriterReads,
-		Fallbacks:      a.Fallbacks - b.Fallbacks,
-		StaleReads:     a.StaleReads - b.StaleReads,
-		BehindErrors:   a.BehindErrors - b.BehindErrors,
-		Waits:          a.Waits - b.Waits,
-		WaitTimeouts:   a.WaitTimeouts - b.WaitTimeouts,
-		Captures:       a.Captures - b.Captures,
-		CaptureFailure: a.CaptureFailure - b.CaptureFailure,
+		ReplicaReads:    a.ReplicaReads - b.ReplicaReads,
+		WriterReads:     a.WriterReads - b.WriterReads,
+		Fallbacks:       a.Fallbacks - b.Fallbacks,
+		StaleReads:      a.StaleReads - b.StaleReads,
+		BehindErrors:    a.BehindErrors - b.BehindErrors,
+		Waits:           a.Waits - b.Waits,
+		WaitTimeouts:    a.WaitTimeouts - b.WaitTimeouts,
+		Captures:        a.Captures - b.Captures,
+		CaptureFailures: a.CaptureFailures - b.CaptureFailures,
 	}
 }

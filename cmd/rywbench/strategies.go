@@ -188,7 +188,7 @@ func newPgryw(writerDSN string, replicaAddrs []string, budget time.Duration) (*p
 		return nil, err
 	}
 	ins, get := statements(tableName(pgrywName))
-	return &pgrywStrategy{db: sql.OpenDB(c), conn: c.(*pgryw.Connector), insertSQL: ins, getSQL: get}, nil
+	return &pgrywStrategy{db: sql.OpenDB(c), conn: c, insertSQL: ins, getSQL: get}, nil
 }
 
 // withParams appends key=value pairs to a URL or keyword/value DSN.

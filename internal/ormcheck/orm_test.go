@@ -47,7 +47,7 @@ func open(t *testing.T) (*sql.DB, *pgryw.Connector) {
 	}
 	db := sql.OpenDB(c)
 	t.Cleanup(func() { db.Close() })
-	return db, c.(*pgryw.Connector)
+	return db, c
 }
 
 type user struct {

@@ -1,0 +1,110 @@
+package pgryw
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Every error a caller can get from pgryw itself is here; everything else
+// is the server's own (*pgconn.PgError, unwrapped so that both errors.As and
+// a plain type assertion work) or pgx's.
+
+// ErrReplicaHint is returned for a statement carrying a /* pgryw:replica */
+// hint that the classifier says writes or changes the session: obeying the
+// hint would fail on the replica or change the wrong session.
+var ErrReplicaHint = errors.New("pgryw: /* pgryw:replica */ hint on a statement that must run on the writer")
+
+// ErrReplicaBehind is matched (errors.Is) by the error a read returns under
+// on_timeout=error when no replica replayed the session's watermark in time.
+var ErrReplicaBehind = errors.New("pgryw: replica behind the session's watermark")
+
+// ReplicaBehindError is the error a read returns under on_timeout=error. It
+// matches ErrReplicaBehind.
+type ReplicaBehindError struct {
+	Replica   string        // host:port of the replica that was waited on
+	Watermark string        // the session's watermark, an LSN
+	Replayed  string        // the replica's last known replay LSN ("unknown" if none)
+	Waited    time.Duration // the budget that ran out
+}
+
+// Error reports both positions so the lag can be judged from the message.
+func (e *ReplicaBehindError) Error() string {
+	return fmt.Sprintf("pgryw: replica %s did not replay the session's watermark %s within %v (replayed %s)",
+		e.Replica, e.Watermark, e.Waited, e.Replayed)
+}
+
+// Is makes errors.Is(err, ErrReplicaBehind) true.
+func (e *ReplicaBehindError) Is(target error) bool { return target == ErrReplicaBehind }
+
+// ErrConnLost is returned when a server connection failed after a
+// statement's bytes had gone out: the statement may or may not have run.
+// pgx v5.12 calls some of these failures safe to retry (a read that fails
+// after a no-argument statement was sent), and database/sql would then run
+// the statement again on another connection; pgryw reports them as this
+// instead. driver.ErrBadConn reaches database/sql only when no byte of the
+// statement left.
+var ErrConnLost = errors.New("pgryw: connection lost after the statement was sent; it may or may not have run")
+
+// SQLSTATEs pgryw acts on.
+const (
+	// sqlstateReadOnly: a standby refused a statement as a write
+	// (read_only_sql_transaction).
+	sqlstateReadOnly = "25006"
+	// sqlstateFeatureNotSupported: raised for SERIALIZABLE on a standby and
+	// for a prepared statement whose result type changed.
+	sqlstateFeatureNotSupported = "0A000"
+	// sqlstateNoSuchStatement: a prepared statement is gone
+	// (invalid_sql_statement_name), e.g. after DEALLOCATE ALL.
+	sqlstateNoSuchStatement = "26000"
+	// sqlstateDuplicateStatement: a prepared statement of that name exists.
+	sqlstateDuplicateStatement = "42P05"
+	// Operator intervention: shutdown, crash shutdown, starting up.
+	sqlstateAdminShutdown = "57P01"
+	sqlstateCrashShutdown = "57P02"
+	sqlstateCannotConnect = "57P03"
+	// A standby cancels a read that holds what replay needs (a recovery
+	// conflict) with one of these.
+	sqlstateSerialization = "40001"
+	sqlstateDeadlock      = "40P01"
+	// sqlstateClassConnection is the connection-exception class prefix.
+	sqlstateClassConnection = "08"
+)
+
+// refusedByStandby reports a standby's refusal to start a transaction at
+// all, before the statement ran: "cannot use serializable mode in a hot
+// standby" (0A000), whatever the statement.
+func refusedByStandby(e *pgconn.PgError) bool {
+	return e.Code == sqlstateFeatureNotSupported && strings.Contains(e.Message, "hot standby")
+}
+
+// isRefusal is refusedByStandby for any error.
+func isRefusal(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && refusedByStandby(pgErr)
+}
+
+// isStaleDescription reports PostgreSQL's refusal to run a prepared
+// statement whose result columns changed since it was prepared (0A000
+// "cached plan must not change result type"): it is raised before the
+// statement runs.
+func isStaleDescription(err error) bool {
+	var e *pgconn.PgError
+	return errors.As(err, &e) && e.Code == sqlstateFeatureNotSupported && strings.Contains(e.Message, "cached plan must not change result type")
+}
+
+// replicaFault reports a server error that says the replica, not the
+// statement, failed: connection exceptions (08), shutdown and startup
+// (57P01-57P03), and recovery conflicts, which a standby reports as
+// serialization failures or deadlocks (40001, 40P01) when replay needs what
+// the read holds.
+func replicaFault(e *pgconn.PgError) bool {
+	switch e.Code {
+	case sqlstateAdminShutdown, sqlstateCrashShutdown, sqlstateCannotConnect, sqlstateSerialization, sqlstateDeadlock:
+		return true
+	}
+	return strings.HasPrefix(e.Code, sqlstateClassConnection)
+}
