@@ -1,0 +1,267 @@
+package pgryw
+
+// Unit tests for the pure arithmetic that the integration runs exercise only
+// indirectly: the writer-position history, lag and ETA, replica choice, the
+// insert-position page boundary, and the parsers of pgryw's own answers.
+
+import (
+	"testing"
+	"time"
+
+	"github.com/pgryw/pgryw/internal/lsn"
+)
+
+func TestHistoryRing(t *testing.T) {
+	var h history
+	if _, ok := h.firstAfter(10, false); ok {
+		t.Fatal("empty history answered")
+	}
+	// Positions only rise: a lower or equal one is ignored.
+	h.add(100, 1000)
+	h.add(100, 1001)
+	h.add(90, 1002)
+	h.add(200, 2000)
+	for _, c := range []struct {
+		l      lsn.LSN
+		strict bool
+		at     int64
+		ok     bool
+	}{
+		{50, false, 1000, true},
+		{100, false, 1000, true},
+		{100, true, 2000, true},
+		{150, false, 2000, true},
+		{200, false, 2000, true},
+		{200, true, 0, false},
+		{300, false, 0, false},
+	} {
+		at, ok := h.firstAfter(c.l, c.strict)
+		if at != c.at || ok != c.ok {
+			t.Errorf("firstAfter(%d, strict=%v) = %d, %v; want %d, %v", c.l, c.strict, at, ok, c.at, c.ok)
+		}
+	}
+	// Past its size the ring forgets the oldest entries and stays sorted.
+	var r history
+	for i := 1; i <= historySize+50; i++ {
+		r.add(lsn.LSN(i*10), int64(i))
+	}
+	if r.n != historySize {
+		t.Fatalf("%d entries, want %d", r.n, historySize)
+	}
+	if at, ok := r.firstAfter(0, false); !ok || at != 51 {
+		t.Fatalf("oldest kept = %d, %v; want 51", at, ok)
+	}
+	if at, ok := r.firstAfter(lsn.LSN((historySize+50)*10-5), false); !ok || at != historySize+50 {
+		t.Fatalf("newest = %d, %v", at, ok)
+	}
+	for i := 51; i < historySize+50; i++ {
+		if at, _ := r.firstAfter(lsn.LSN(i*10), true); at != int64(i+1) {
+			t.Fatalf("firstAfter(%d, strict) = %d, want %d", i*10, at, i+1)
+		}
+	}
+}
+
+func TestLagAndETA(t *testing.T) {
+	var topo topology
+	n := &node{index: 0}
+	now := time.Now().UnixNano()
+	ms := int64(time.Millisecond)
+	topo.hist.add(100, now-50*ms)
+	topo.hist.add(200, now-20*ms)
+	// The replica is seen at 100 now; the writer was past 100 (at 200) 20 ms
+	// ago: it is at least 20 ms behind.
+	topo.observe(n, 100, now)
+	if got := n.lag.Load(); got != 20*ms {
+		t.Fatalf("lag %v, want 20ms", time.Duration(got))
+	}
+	if n.knownReplay() != 100 {
+		t.Fatalf("known replay %v", n.knownReplay())
+	}
+	// It gets to 200 at about the time the writer was there, plus the lag.
+	eta, ok := topo.eta(n, 200)
+	if !ok || eta != now-20*ms+20*ms {
+		t.Fatalf("eta %v, %v", eta, ok)
+	}
+	// Hopeless: the ETA is further away than the budget.
+	if topo.hopeless(n, 200, 20*time.Millisecond, now-15*ms) {
+		t.Fatal("an ETA 15 ms away fits a 20 ms budget")
+	}
+	if !topo.hopeless(n, 200, 10*time.Millisecond, now-15*ms) {
+		t.Fatal("an ETA 15 ms away does not fit a 10 ms budget")
+	}
+	// A position the writer was never seen at has no ETA.
+	if _, ok := topo.eta(n, 300); ok {
+		t.Fatal("eta for an unknown writer position")
+	}
+	// A wait that succeeded bounds the lag from above.
+	topo.reached(n, 200, now-10*ms)
+	if got := n.lag.Load(); got != 10*ms {
+		t.Fatalf("lag after reached %v, want 10ms", time.Duration(got))
+	}
+	// A stale measurement gives no ETA.
+	n.lagAt.Store(now - 2*lagFresh)
+	if _, ok := topo.eta(n, 200); ok {
+		t.Fatal("eta from a stale lag")
+	}
+}
+
+func TestPickReplica(t *testing.T) {
+	mk := func(replays ...lsn.LSN) *topology {
+		t := &topology{}
+		for i, r := range replays {
+			n := &node{index: i, addr: string(rune('a' + i))}
+			n.replay.Store(uint64(r))
+			t.replicas = append(t.replicas, n)
+		}
+		return t
+	}
+	budget := time.Second
+	// A replica known to be caught up wins; among several, they rotate.
+	topo := mk(50, 200, 300)
+	seen := map[int]bool{}
+	for i := 0; i < 6; i++ {
+		n, hopeless := topo.pick(150, 0, budget)
+		if n == nil || hopeless || n.knownReplay() < 150 {
+			t.Fatalf("pick = %+v, %v", n, hopeless)
+		}
+		seen[n.index] = true
+	}
+	if !seen[1] || !seen[2] || seen[0] {
+		t.Fatalf("caught-up replicas picked: %v", seen)
+	}
+	// None caught up: the least behind.
+	if n, _ := topo.pick(400, 0, budget); n == nil || n.index != 2 {
+		t.Fatalf("least behind: %+v", n)
+	}
+	// Tried replicas are skipped; down or promoted ones are not usable.
+	if n, _ := topo.pick(400, 1<<2, budget); n == nil || n.index != 1 {
+		t.Fatalf("skipping 2: %+v", n)
+	}
+	topo.replicas[1].markDown()
+	topo.replicas[2].notStandby.Store(true)
+	if n, _ := topo.pick(400, 0, budget); n == nil || n.index != 0 {
+		t.Fatalf("only 0 usable: %+v", n)
+	}
+	if n, _ := topo.pick(400, 1<<0, budget); n != nil {
+		t.Fatalf("nothing usable: %+v", n)
+	}
+	// Every usable replica too far behind for the budget: the least behind,
+	// marked hopeless.
+	topo = mk(100, 150)
+	now := time.Now().UnixNano()
+	topo.hist.add(500, now-time.Millisecond.Nanoseconds())
+	for _, n := range topo.replicas {
+		n.setLag(int64(10*time.Second), now)
+	}
+	n, hopeless := topo.pick(500, 0, budget)
+	if n == nil || !hopeless || n.index != 1 {
+		t.Fatalf("hopeless pick = %+v, %v", n, hopeless)
+	}
+	if n, _ := (&topology{}).pick(1, 0, budget); n != nil {
+		t.Fatal("no replicas, picked one")
+	}
+}
+
+func TestAdjustInsertLSN(t *testing.T) {
+	const bs = 8192
+	for _, c := range []struct{ in, want lsn.LSN }{
+		{0x3000100, 0x3000100},                    // mid-page: as is
+		{0x3002018, 0x3002000},                    // short header after a page boundary
+		{0x3000028, 0x3000000},                    // long header at a segment start
+		{0x3002000, 0x3002000},                    // exactly at the boundary
+		{0x3002017, 0x3002017},                    // inside the header's span, but not its end
+		{lsn.LSN(1<<32 | 0x18), lsn.LSN(1 << 32)}, // across the 32-bit halves
+	} {
+		if got := adjustInsertLSN(c.in, bs); got != c.want {
+			t.Errorf("adjustInsertLSN(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+}
+
+func TestParseCapture(t *testing.T) {
+	l, err := parseCapture([]string{"0/3002018", "8192"})
+	if err != nil || l != 0x3002000 {
+		t.Fatalf("parseCapture = %v, %v", l, err)
+	}
+	for _, row := range [][]string{
+		{"0/3000100"},
+		{"0/3000100", "8192", "x"},
+		{"nope", "8192"},
+		{"0/3000100", "0"},
+		{"0/3000100", "-1"},
+		{"0/3000100", "8k"},
+	} {
+		if _, err := parseCapture(row); err == nil {
+			t.Errorf("parseCapture(%q) accepted", row)
+		}
+	}
+}
+
+func TestParsePoll(t *testing.T) {
+	for _, c := range []struct {
+		row                   []string
+		null                  []bool
+		replay                lsn.LSN
+		known, recovery, fail bool
+	}{
+		{[]string{"0/3000100", "t"}, []bool{false, false}, 0x3000100, true, true, false},
+		{[]string{"", "t"}, []bool{true, false}, 0, false, true, false}, // a standby that replayed nothing yet
+		{[]string{"0/3000100", "f"}, []bool{false, false}, 0, false, false, false},
+		{[]string{"", "f"}, []bool{true, false}, 0, false, false, false},
+		{[]string{"garbage", "t"}, []bool{false, false}, 0, false, true, true},
+		{[]string{"0/3000100"}, []bool{false}, 0, false, false, true},
+	} {
+		replay, known, recovery, err := parsePoll(c.row, c.null)
+		if replay != c.replay || known != c.known || recovery != c.recovery || (err != nil) != c.fail {
+			t.Errorf("parsePoll(%q, %v) = %v, %v, %v, %v", c.row, c.null, replay, known, recovery, err)
+		}
+	}
+}
+
+func TestWaitForAnswer(t *testing.T) {
+	c := &Connector{}
+	b := &backend{node: &node{index: 0}}
+	for _, c2 := range []struct {
+		row  []string
+		want waitResult
+		fail bool
+	}{
+		{[]string{"success"}, waitOK, false},
+		{[]string{"timeout"}, waitTimeout, false},
+		{[]string{"not in recovery"}, waitNotStandby, false},
+		{[]string{"bogus"}, waitTimeout, true},
+		{nil, waitTimeout, true},
+	} {
+		got, err := c.waitForAnswer(b, c2.row, 0x3000100)
+		if got != c2.want || (err != nil) != c2.fail {
+			t.Errorf("waitForAnswer(%q) = %v, %v", c2.row, got, err)
+		}
+	}
+	if b.node.knownReplay() != 0x3000100 || !b.node.notStandby.Load() {
+		t.Fatalf("node after answers: replay %v, notStandby %v", b.node.knownReplay(), b.node.notStandby.Load())
+	}
+}
+
+func TestWaitForSQL(t *testing.T) {
+	for _, c := range []struct {
+		l    lsn.LSN
+		d    time.Duration
+		want string
+	}{
+		{0x3000100, 500 * time.Millisecond, "WAIT FOR LSN '0/03000100' WITH (MODE 'standby_replay', TIMEOUT '500ms', NO_THROW)"},
+		{lsn.LSN(0x1F<<32 | 0xA), 0, "WAIT FOR LSN '1F/0000000A' WITH (MODE 'standby_replay', TIMEOUT '1ms', NO_THROW)"},
+		{1, 90 * time.Microsecond, "WAIT FOR LSN '0/00000001' WITH (MODE 'standby_replay', TIMEOUT '1ms', NO_THROW)"},
+	} {
+		if got := waitForSQL(c.l, c.d); got != c.want {
+			t.Errorf("waitForSQL(%v, %v) = %q", c.l, c.d, got)
+		}
+	}
+}
+
+func TestMajorVersion(t *testing.T) {
+	for in, want := range map[string]int{"15.18 (Debian 15.18-0+deb12u1)": 15, "19devel": 19, "18.4": 18, "": 0, "x": 0} {
+		if got := majorVersion(in); got != want {
+			t.Errorf("majorVersion(%q) = %d, want %d", in, got, want)
+		}
+	}
+}
