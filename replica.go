@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgryw/pgryw/internal/ctxsleep"
 	"github.com/pgryw/pgryw/internal/lsn"
 	"github.com/pgryw/pgryw/internal/sqlclass"
 	"github.com/pgryw/pgryw/internal/wire"
@@ -378,7 +379,7 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResu
 		if i == 0 {
 			cn.c.stats.waits.Add(1)
 		}
-		if err := sleepCtx(ctx, min(cn.c.pollDelay(b.node, wm, i), left)); err != nil {
+		if err := ctxsleep.Sleep(ctx, min(cn.c.pollDelay(b.node, wm, i), left)); err != nil {
 			return waitTimeout, err
 		}
 	}

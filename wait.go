@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgryw/pgryw/internal/ctxsleep"
 	"github.com/pgryw/pgryw/internal/wire"
 
 	"github.com/pgryw/pgryw/internal/lsn"
@@ -75,20 +76,8 @@ func parseCapture(row []string) (lsn.LSN, error) {
 	return adjustInsertLSN(l, bs), nil
 }
 
-// adjustInsertLSN turns an insert position into one a standby's replay
-// position can reach. When the last record ends exactly at a WAL page
-// boundary, pg_current_wal_insert_lsn() points past the next page's header
-// (24 bytes, or 40 at a segment start), where nothing has been written yet;
-// replay stops at the boundary, and a wait for the raw value would last until
-// more WAL happens to arrive (seen: 14 s on an idle cluster). No record ends
-// inside a page header, so the boundary is an equivalent target.
-func adjustInsertLSN(l lsn.LSN, blockSize uint64) lsn.LSN {
-	const shortHeader, longHeader = 24, 40
-	if off := uint64(l) % blockSize; off == shortHeader || off == longHeader {
-		return l - lsn.LSN(off)
-	}
-	return l
-}
+// adjustInsertLSN: see lsn.ReplayTarget.
+func adjustInsertLSN(l lsn.LSN, blockSize uint64) lsn.LSN { return lsn.ReplayTarget(l, blockSize) }
 
 // budget is how long a read may wait for a replica: wait_timeout, or what is
 // left of the caller's deadline if that is sooner.
@@ -191,18 +180,6 @@ func (c *Connector) pollDelay(n *node, wm lsn.LSN, attempt int) time.Duration {
 	return min(pollFirst<<attempt, pollMax)
 }
 
-// sleepCtx sleeps for d or until ctx is done.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 // pollOnce asks replica b once whether it has replayed target.
 func (c *Connector) pollOnce(ctx context.Context, b *backend, target lsn.LSN) (waitResult, error) {
 	row, null, err := b.control(ctx, sqlPoll)
@@ -263,7 +240,7 @@ func (c *Connector) poll(ctx context.Context, b *backend, target lsn.LSN, budget
 		if left <= 0 {
 			return waitTimeout, nil
 		}
-		if err := sleepCtx(ctx, min(c.pollDelay(b.node, target, attempt), left)); err != nil {
+		if err := ctxsleep.Sleep(ctx, min(c.pollDelay(b.node, target, attempt), left)); err != nil {
 			return waitTimeout, err
 		}
 	}

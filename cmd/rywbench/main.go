@@ -55,6 +55,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/ctxsleep"
 	"github.com/pgryw/pgryw/internal/pgtest"
 )
 
@@ -379,7 +380,7 @@ func waitForTables(ctx context.Context, e *env, delay time.Duration) error {
 				if ok {
 					break
 				}
-				if err := sleep(ctx, 10*time.Millisecond); err != nil {
+				if err := ctxsleep.Sleep(ctx, 10*time.Millisecond); err != nil {
 					return fmt.Errorf("replica %s: waiting for table %s: %w", e.replicaAddrs[i], t, err)
 				}
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/ctxsleep"
 )
 
 // Strategy names, in the order the table lists them.
@@ -84,7 +85,7 @@ func (b *baseline) read(ctx context.Context, id int64) (sql.NullInt64, int64, er
 	case naiveReplica:
 		return b.get(ctx, replica, id)
 	case sleepReplica:
-		if err := sleep(ctx, b.p.sleep); err != nil {
+		if err := ctxsleep.Sleep(ctx, b.p.sleep); err != nil {
 			return sql.NullInt64{}, 0, err
 		}
 		return b.get(ctx, replica, id)
@@ -147,21 +148,10 @@ func (p *pools) waitReplay(ctx context.Context, replica *sql.DB, lsn string) (bo
 		if left <= 0 {
 			return false, nil
 		}
-		if err := sleep(ctx, min(backoff, left)); err != nil {
+		if err := ctxsleep.Sleep(ctx, min(backoff, left)); err != nil {
 			return false, err
 		}
 		backoff = min(2*backoff, 20*time.Millisecond)
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
 

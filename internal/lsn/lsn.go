@@ -82,6 +82,30 @@ func (l LSN) String() string {
 // Decimal is the unsigned decimal form PolarDB's polar_xact_split_wait_lsn takes.
 func (l LSN) Decimal() string { return strconv.FormatUint(uint64(l), 10) }
 
+// ReplayTarget turns a pg_current_wal_insert_lsn() reading into the position
+// a standby's replay position reaches once it has replayed everything
+// before it. When the last record ends exactly at a WAL page boundary, the
+// insert position points past the next page's header (24 bytes, or 40 at a
+// segment start), where nothing has been written yet; replay stops at the
+// boundary and would pass the raw value only once more WAL arrives (seen:
+// 14 s on an idle server). The boundary is an equivalent target: replay
+// positions are ends of records, and none lies strictly inside a page
+// header, because a record that continues onto a page has at least one
+// byte after the header and a record that starts after it is at least 24
+// bytes long, so no record can end at 24 or 40 bytes into a page unless it
+// spans the boundary, in which case no replay position equals the boundary
+// before it.
+func ReplayTarget(insert LSN, blockSize uint64) LSN {
+	const shortHeader, longHeader = 24, 40
+	if blockSize == 0 {
+		return insert
+	}
+	if off := uint64(insert) % blockSize; off == shortHeader || off == longHeader {
+		return insert - LSN(off)
+	}
+	return insert
+}
+
 // Watermark is a position that only moves forward; it is safe for concurrent use.
 type Watermark struct{ v atomic.Uint64 }
 
