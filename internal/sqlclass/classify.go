@@ -26,6 +26,8 @@
 // defining a same-named function.
 package sqlclass
 
+//go:generate go run gen.go
+
 import (
 	"strings"
 )

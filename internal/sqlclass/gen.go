@@ -1,12 +1,15 @@
 //go:build ignore
 
-// gen.go regenerates builtin_gen.go from a running PostgreSQL server's
-// catalog. It shells out to psql so that the package itself, and this
-// generator, need nothing outside the standard library.
+// gen.go regenerates builtin_gen.go from a PostgreSQL server's catalog:
 //
-// Usage (from internal/sqlclass, against a throwaway PostgreSQL 15 server):
+//	go generate ./internal/sqlclass    (or: make generate)
 //
-//	go run gen.go -conn 'host=127.0.0.1 port=55432 user=postgres dbname=postgres'
+// By default it starts a throwaway writer-only server with internal/pgtest,
+// from the same binaries the tests use ($PGRYW_PG_BINDIR, else the newest
+// /usr/lib/postgresql/*/bin, else PATH), and stops it afterwards; -conn
+// reads an existing server instead. The table is generated from
+// PostgreSQL 15 (Debian's server, what CI runs): the names of later
+// releases' keywords are added below as unreserved.
 //
 // The two catalog queries it runs are, verbatim:
 //
@@ -22,14 +25,18 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"go/format"
 	"log"
 	"os"
-	"os/exec"
 	"sort"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pgryw/pgryw/internal/pgtest"
 )
 
 // newerKeywords are words that later PostgreSQL releases (16-19) made
@@ -47,25 +54,44 @@ var newerKeywords = []string{
 }
 
 func main() {
-	conn := flag.String("conn", "", "libpq connection string of a PostgreSQL server to read the catalog from")
-	psql := flag.String("psql", "/usr/lib/postgresql/15/bin/psql", "psql binary")
+	conn := flag.String("conn", "", "connection string of an existing PostgreSQL server to read the catalog from (default: start one)")
 	out := flag.String("o", "builtin_gen.go", "output file")
 	flag.Parse()
 
-	query := func(q string) [][]string {
-		cmd := exec.Command(*psql, "-XAtq", "-F", "\t", "-d", *conn, "-c", q)
-		cmd.Stderr = os.Stderr
-		b, err := cmd.Output()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dsn := *conn
+	if dsn == "" {
+		c, err := pgtest.Start(ctx, pgtest.Options{Replicas: -1, Logf: log.Printf})
 		if err != nil {
-			log.Fatalf("psql %q: %v", q, err)
+			log.Fatalf("starting a server (set PGRYW_PG_BINDIR, or give -conn): %v", err)
 		}
-		var rows [][]string
-		for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
-			if line != "" {
-				rows = append(rows, strings.Split(line, "\t"))
+		defer c.Close()
+		dsn = c.WriterDSN()
+	}
+	pc, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pc.Close(ctx)
+	query := func(q string) [][]string {
+		rows, err := pc.Query(ctx, q, pgx.QueryExecModeSimpleProtocol)
+		if err != nil {
+			log.Fatalf("%q: %v", q, err)
+		}
+		defer rows.Close()
+		var out [][]string
+		for rows.Next() {
+			var row []string
+			for _, v := range rows.RawValues() {
+				row = append(row, string(v))
 			}
+			out = append(out, row)
 		}
-		return rows
+		if err := rows.Err(); err != nil {
+			log.Fatalf("%q: %v", q, err)
+		}
+		return out
 	}
 
 	version := query("SELECT current_setting('server_version')")[0][0]
@@ -128,6 +154,7 @@ func main() {
 	if err := os.WriteFile(*out, src, 0o644); err != nil {
 		log.Fatal(err)
 	}
+	log.Printf("wrote %s from PostgreSQL %s", *out, version)
 }
 
 func goName(w string) string {
