@@ -82,26 +82,38 @@ type Config struct {
 	// Writer is the writer's connection string exactly as pgx reads it (URL
 	// or keyword/value form), with pgryw's own keys removed.
 	Writer string
-	// Replicas are the streaming replicas, each "host[:port]". Each addresses
-	// one standby (the wait and the read must run on the same node) and
-	// inherits user, password, database, TLS and runtime settings from the
-	// writer; a missing port means the writer's port.
+	// Replicas are the streaming replicas, each "host[:port]", IPv6 as
+	// "[addr]:port". Each addresses one standby (the wait and the read must
+	// run on the same node) and inherits user, password, database, TLS and
+	// runtime settings from the writer; a missing port means the writer's
+	// port. DSN key replicas, a comma-separated list; default none: every
+	// statement goes to the writer.
 	Replicas []string
 	// ReadYourWrites makes replica reads wait for the session's watermark.
 	// Off, pgryw is plain read/write splitting: reads may be stale.
+	// DSN key read_your_writes, on or off; default on.
 	ReadYourWrites bool
 	// WaitTimeout is the budget for a replica to reach the watermark.
+	// DSN key wait_timeout, a Go duration or integer milliseconds from 1ms
+	// to 1h; default 500ms (DefaultWaitTimeout).
 	WaitTimeout time.Duration
 	// OnTimeout is what a read does when WaitTimeout runs out.
+	// DSN key on_timeout: primary, error or stale; default primary
+	// (OnTimeoutPrimary).
 	OnTimeout OnTimeout
 	// WaitMethod selects WAIT FOR LSN or polling.
+	// DSN key wait_method: auto, wait_for or poll; default auto (WaitAuto).
 	WaitMethod WaitMethod
 	// SessionScope selects where the watermark lives.
+	// DSN key session_scope: db or conn; default db (ScopeDB).
 	SessionScope Scope
-	// WriteFunctions are function names always treated as writes.
+	// WriteFunctions are function names, optionally schema-qualified and
+	// lower-cased, always treated as writes. DSN key write_functions, a
+	// comma-separated list; default none.
 	WriteFunctions []string
-	// ReadFunctions are function names always treated as read-only, without
-	// asking the writer's catalog.
+	// ReadFunctions are function names, optionally schema-qualified and
+	// lower-cased, always treated as read-only, without asking the writer's
+	// catalog. DSN key read_functions, a comma-separated list; default none.
 	ReadFunctions []string
 }
 
@@ -110,9 +122,196 @@ const (
 	DefaultWaitTimeout = 500 * time.Millisecond
 )
 
+// maxWaitTimeout bounds the budget: a waiting read holds a connection on the
+// replica for the whole budget, and WAIT FOR's TIMEOUT is an int in ms.
+const maxWaitTimeout = time.Hour
+
+// dsnOptions are pgryw's DSN keys, in the fixed order FormatDSN writes
+// them. ParseDSN, FormatDSN, Config.validate and NewConfig take each key's
+// parsing, spelling, range and default from here, and a test renders
+// README.md's DSN table from it: a new key is one entry here (plus its
+// Config field, whose doc names the key, default and range).
+var dsnOptions = []dsnOption{
+	listOption("replicas", "`host[:port][,host[:port]...]`, IPv6 as `[addr]:port`",
+		func(c *Config) *[]string { return &c.Replicas }, parseReplicas, validateReplicas,
+		"Replica nodes. Each must address **one** standby (the wait and the read must land on the same node: no load-balanced endpoint). A missing port means the writer's port. No replicas: every statement goes to the writer, untouched, at no added cost."),
+	boolOption("read_your_writes", true, func(c *Config) *bool { return &c.ReadYourWrites },
+		"`off` = plain read/write splitting with no waits: reads may be stale (eventual consistency)."),
+	durationOption("wait_timeout", DefaultWaitTimeout, time.Millisecond, maxWaitTimeout,
+		func(c *Config) *time.Duration { return &c.WaitTimeout },
+		"Budget for a replica to reach the session's watermark."),
+	enumOption("on_timeout", onTimeoutNames, OnTimeoutPrimary, func(c *Config) *OnTimeout { return &c.OnTimeout },
+		"When the budget runs out: read the writer; return an error (`errors.Is(err, pgryw.ErrReplicaBehind)`, message names the watermark and the replica's position); or serve the replica's rows anyway and count them in `Stats.StaleReads`."),
+	enumOption("wait_method", waitMethodNames, WaitAuto, func(c *Config) *WaitMethod { return &c.WaitMethod },
+		"`auto` = `WAIT FOR LSN … WITH (MODE 'standby_replay', TIMEOUT …, NO_THROW)` on servers ≥ 19, polling `pg_last_wal_replay_lsn()` on older ones. `wait_for` on an older server is reported as an error."),
+	enumOption("session_scope", scopeNames, ScopeDB, func(c *Config) *Scope { return &c.SessionScope },
+		"`conn`: the watermark lives in each connection (`*sql.Conn`, `*sql.Tx`). `db`: additionally one watermark shared by the whole pool, so `db.Exec` followed by `db.Query` is covered even when the pool hands out different connections."),
+	listOption("write_functions", "function names, optionally schema-qualified",
+		func(c *Config) *[]string { return &c.WriteFunctions }, parseFuncList, nil,
+		"Treat these functions as writes whatever the catalog says."),
+	listOption("read_functions", "function names, optionally schema-qualified",
+		func(c *Config) *[]string { return &c.ReadFunctions }, parseFuncList, nil,
+		"Treat these functions as read-only without asking the catalog."),
+}
+
+// dsnOption describes one of pgryw's DSN keys: how to read it, write it
+// back and check it, and its row in README.md's table.
+type dsnOption struct {
+	key    string // the DSN key
+	typ    string // README type column: list, bool, duration, enum
+	values string // README values column (Markdown)
+	def    string // the default in DSN syntax; "" for none (the zero value)
+	doc    string // README meaning column (Markdown)
+	// parse sets c's field from the DSN value v. Its error names the key
+	// and the allowed values.
+	parse func(c *Config, v string) error
+	// format returns c's field in DSN syntax that parse reads back, and
+	// whether it is the default (FormatDSN leaves the key out then).
+	format func(c *Config) (v string, isDefault bool)
+	// validate checks c's field in a Config built by hand; nil when every
+	// value the field can hold is valid.
+	validate func(c *Config) error
+}
+
+// dsnOptionFor returns the option for key, or nil when key is not pgryw's.
+func dsnOptionFor(key string) *dsnOption {
+	for i := range dsnOptions {
+		if dsnOptions[i].key == key {
+			return &dsnOptions[i]
+		}
+	}
+	return nil
+}
+
+func isDSNKey(k string) bool { return dsnOptionFor(k) != nil }
+
+// listOption is a comma-separated list, empty by default. check, when not
+// nil, validates a list set by hand.
+func listOption(key, values string, field func(*Config) *[]string, parse func(key, v string) ([]string, error), check func(key string, list []string) error, doc string) dsnOption {
+	o := dsnOption{key: key, typ: "list", values: values, doc: doc,
+		parse: func(c *Config, v string) error {
+			list, err := parse(key, v)
+			if err != nil {
+				return err
+			}
+			*field(c) = list
+			return nil
+		},
+		format: func(c *Config) (string, bool) {
+			list := *field(c)
+			return strings.Join(list, ","), len(list) == 0
+		},
+	}
+	if check != nil {
+		o.validate = func(c *Config) error { return check(key, *field(c)) }
+	}
+	return o
+}
+
+// boolOption is on or off (also true/false, 1/0).
+func boolOption(key string, def bool, field func(*Config) *bool, doc string) dsnOption {
+	word := func(b bool) string {
+		if b {
+			return "on"
+		}
+		return "off"
+	}
+	return dsnOption{key: key, typ: "bool", values: "`on`, `off`", def: word(def), doc: doc,
+		parse: func(c *Config, v string) error {
+			switch v {
+			case "on", "true", "1":
+				*field(c) = true
+			case "off", "false", "0":
+				*field(c) = false
+			default:
+				return badValue(key, v, "on, off")
+			}
+			return nil
+		},
+		format: func(c *Config) (string, bool) {
+			b := *field(c)
+			return word(b), b == def
+		},
+	}
+}
+
+// durationOption is a Go duration or integer milliseconds, from min to max.
+func durationOption(key string, def, min, max time.Duration, field func(*Config) *time.Duration, doc string) dsnOption {
+	span := shortDuration(min) + " to " + shortDuration(max)
+	return dsnOption{key: key, typ: "duration",
+		values: "Go duration (`500ms`, `2s`) or integer milliseconds; " + span,
+		def:    shortDuration(def), doc: doc,
+		parse: func(c *Config, v string) error {
+			d, err := parseDuration(key, v, min, max)
+			if err != nil {
+				return err
+			}
+			*field(c) = d
+			return nil
+		},
+		format: func(c *Config) (string, bool) {
+			d := *field(c)
+			return d.String(), d == def
+		},
+		validate: func(c *Config) error {
+			if d := *field(c); d < min || d > max {
+				return fmt.Errorf("pgryw: %s %v out of range (%s)", key, d, span)
+			}
+			return nil
+		},
+	}
+}
+
+// enumOption is one of names, spelled as the type's String method does;
+// the value is the name's index.
+func enumOption[T ~uint8](key string, names []string, def T, field func(*Config) *T, doc string) dsnOption {
+	allowed := strings.Join(names, ", ")
+	return dsnOption{key: key, typ: "enum", values: "`" + strings.Join(names, "`, `") + "`", def: names[def], doc: doc,
+		parse: func(c *Config, v string) error {
+			i, err := parseEnum(key, v, names)
+			if err != nil {
+				return err
+			}
+			*field(c) = T(i)
+			return nil
+		},
+		format: func(c *Config) (string, bool) {
+			x := *field(c)
+			return enumName(names, int(x)), x == def
+		},
+		validate: func(c *Config) error {
+			if x := *field(c); int(x) >= len(names) {
+				return badValue(key, enumName(names, int(x)), allowed)
+			}
+			return nil
+		},
+	}
+}
+
+// shortDuration is d.String() without trailing zero units: 1h, not 1h0m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
+
 // NewConfig returns a Config with every pgryw default set and no replicas.
 func NewConfig() *Config {
-	return &Config{ReadYourWrites: true, WaitTimeout: DefaultWaitTimeout}
+	c := &Config{}
+	for _, o := range dsnOptions {
+		if o.def == "" {
+			continue
+		}
+		if err := o.parse(c, o.def); err != nil {
+			panic("pgryw: default of DSN key " + o.key + ": " + err.Error())
+		}
+	}
+	return c
 }
 
 // Clone returns a deep copy of c.
@@ -122,18 +321,6 @@ func (c *Config) Clone() *Config {
 	cp.WriteFunctions = append([]string(nil), c.WriteFunctions...)
 	cp.ReadFunctions = append([]string(nil), c.ReadFunctions...)
 	return &cp
-}
-
-// dsnKeys are pgryw's keys in the fixed order FormatDSN writes them.
-var dsnKeys = []string{"replicas", "read_your_writes", "wait_timeout", "on_timeout", "wait_method", "session_scope", "write_functions", "read_functions"}
-
-func isDSNKey(k string) bool {
-	for _, d := range dsnKeys {
-		if d == k {
-			return true
-		}
-	}
-	return false
 }
 
 // ParseDSN parses a pgx connection string for the writer that may carry
@@ -167,7 +354,7 @@ func ParseDSN(dsn string) (*Config, error) {
 			return nil, fmt.Errorf("pgryw: DSN key %s given twice", p.key)
 		}
 		seen[p.key] = true
-		if err := cfg.set(p.key, p.value); err != nil {
+		if err := dsnOptionFor(p.key).parse(cfg, p.value); err != nil {
 			return nil, err
 		}
 	}
@@ -179,61 +366,6 @@ func ParseDSN(dsn string) (*Config, error) {
 }
 
 type dsnPair struct{ key, value string }
-
-func (c *Config) set(key, v string) error {
-	switch key {
-	case "replicas":
-		list, err := parseReplicas(v)
-		if err != nil {
-			return err
-		}
-		c.Replicas = list
-	case "read_your_writes":
-		switch v {
-		case "on", "true", "1":
-			c.ReadYourWrites = true
-		case "off", "false", "0":
-			c.ReadYourWrites = false
-		default:
-			return badValue(key, v, "on, off")
-		}
-	case "wait_timeout":
-		d, err := parseTimeout(v)
-		if err != nil {
-			return err
-		}
-		c.WaitTimeout = d
-	case "on_timeout":
-		i, err := parseEnum(key, v, onTimeoutNames)
-		if err != nil {
-			return err
-		}
-		c.OnTimeout = OnTimeout(i)
-	case "wait_method":
-		i, err := parseEnum(key, v, waitMethodNames)
-		if err != nil {
-			return err
-		}
-		c.WaitMethod = WaitMethod(i)
-	case "session_scope":
-		i, err := parseEnum(key, v, scopeNames)
-		if err != nil {
-			return err
-		}
-		c.SessionScope = Scope(i)
-	case "write_functions", "read_functions":
-		list, err := parseFuncList(key, v)
-		if err != nil {
-			return err
-		}
-		if key == "write_functions" {
-			c.WriteFunctions = list
-		} else {
-			c.ReadFunctions = list
-		}
-	}
-	return nil
-}
 
 func badValue(key, v, allowed string) error {
 	return fmt.Errorf("pgryw: DSN key %s: invalid value %q (allowed: %s)", key, clip(v), allowed)
@@ -255,32 +387,29 @@ func parseEnum(key, v string, names []string) (int, error) {
 	return 0, badValue(key, v, strings.Join(names, ", "))
 }
 
-// maxWaitTimeout bounds the budget: a waiting read holds a connection on the
-// replica for the whole budget, and WAIT FOR's TIMEOUT is an int in ms.
-const maxWaitTimeout = time.Hour
-
-func parseTimeout(v string) (time.Duration, error) {
-	const allowed = "a Go duration such as 500ms or 2s, or integer milliseconds, from 1ms to 1h"
+// parseDuration reads a Go duration or integer milliseconds from min to max.
+func parseDuration(key, v string, min, max time.Duration) (time.Duration, error) {
+	allowed := "a Go duration such as 500ms or 2s, or integer milliseconds, from " + shortDuration(min) + " to " + shortDuration(max)
 	var d time.Duration
 	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if n < 1 || n > int64(maxWaitTimeout/time.Millisecond) {
-			return 0, badValue("wait_timeout", v, allowed)
+		if n < 0 || n > int64(max/time.Millisecond) {
+			return 0, badValue(key, v, allowed)
 		}
 		d = time.Duration(n) * time.Millisecond
 	} else {
 		pd, err := time.ParseDuration(v)
 		if err != nil {
-			return 0, badValue("wait_timeout", v, allowed)
+			return 0, badValue(key, v, allowed)
 		}
 		d = pd
 	}
-	if d < time.Millisecond || d > maxWaitTimeout {
-		return 0, badValue("wait_timeout", v, allowed)
+	if d < min || d > max {
+		return 0, badValue(key, v, allowed)
 	}
 	return d, nil
 }
 
-func parseReplicas(v string) ([]string, error) {
+func parseReplicas(key, v string) ([]string, error) {
 	const allowed = "host[:port][,host[:port]...], IPv6 as [addr]:port"
 	if strings.TrimSpace(v) == "" {
 		return nil, nil
@@ -289,11 +418,21 @@ func parseReplicas(v string) ([]string, error) {
 	for _, e := range strings.Split(v, ",") {
 		e = strings.TrimSpace(e)
 		if _, _, err := splitHostPort(e, 0); err != nil {
-			return nil, badValue("replicas", v, allowed+"; "+err.Error())
+			return nil, badValue(key, v, allowed+"; "+err.Error())
 		}
 		out = append(out, e)
 	}
 	return out, nil
+}
+
+// validateReplicas checks replicas entries set by hand.
+func validateReplicas(key string, list []string) error {
+	for _, r := range list {
+		if _, _, err := splitHostPort(r, 0); err != nil {
+			return badValue(key, strings.Join(list, ","), err.Error())
+		}
+	}
+	return nil
 }
 
 // splitHostPort splits one replicas entry; defPort stands in for a missing port.
@@ -350,21 +489,12 @@ func parseFuncList(key, v string) ([]string, error) {
 }
 
 func (c *Config) validate() error {
-	if c.WaitTimeout < time.Millisecond || c.WaitTimeout > maxWaitTimeout {
-		return fmt.Errorf("pgryw: wait_timeout %v out of range (1ms to 1h)", c.WaitTimeout)
-	}
-	if int(c.OnTimeout) >= len(onTimeoutNames) {
-		return badValue("on_timeout", c.OnTimeout.String(), strings.Join(onTimeoutNames, ", "))
-	}
-	if int(c.WaitMethod) >= len(waitMethodNames) {
-		return badValue("wait_method", c.WaitMethod.String(), strings.Join(waitMethodNames, ", "))
-	}
-	if int(c.SessionScope) >= len(scopeNames) {
-		return badValue("session_scope", c.SessionScope.String(), strings.Join(scopeNames, ", "))
-	}
-	for _, r := range c.Replicas {
-		if _, _, err := splitHostPort(r, 0); err != nil {
-			return badValue("replicas", strings.Join(c.Replicas, ","), err.Error())
+	for _, o := range dsnOptions {
+		if o.validate == nil {
+			continue
+		}
+		if err := o.validate(c); err != nil {
+			return err
 		}
 	}
 	if _, err := c.writerConfig(); err != nil {
@@ -404,30 +534,10 @@ func pgxMessage(err error) string {
 // a fixed order, in the writer string's own syntax.
 func (c *Config) FormatDSN() string {
 	var pairs []dsnPair
-	def := NewConfig()
-	if len(c.Replicas) > 0 {
-		pairs = append(pairs, dsnPair{"replicas", strings.Join(c.Replicas, ",")})
-	}
-	if c.ReadYourWrites != def.ReadYourWrites {
-		pairs = append(pairs, dsnPair{"read_your_writes", map[bool]string{true: "on", false: "off"}[c.ReadYourWrites]})
-	}
-	if c.WaitTimeout != def.WaitTimeout {
-		pairs = append(pairs, dsnPair{"wait_timeout", c.WaitTimeout.String()})
-	}
-	if c.OnTimeout != def.OnTimeout {
-		pairs = append(pairs, dsnPair{"on_timeout", c.OnTimeout.String()})
-	}
-	if c.WaitMethod != def.WaitMethod {
-		pairs = append(pairs, dsnPair{"wait_method", c.WaitMethod.String()})
-	}
-	if c.SessionScope != def.SessionScope {
-		pairs = append(pairs, dsnPair{"session_scope", c.SessionScope.String()})
-	}
-	if len(c.WriteFunctions) > 0 {
-		pairs = append(pairs, dsnPair{"write_functions", strings.Join(c.WriteFunctions, ",")})
-	}
-	if len(c.ReadFunctions) > 0 {
-		pairs = append(pairs, dsnPair{"read_functions", strings.Join(c.ReadFunctions, ",")})
+	for _, o := range dsnOptions {
+		if v, isDefault := o.format(c); !isDefault {
+			pairs = append(pairs, dsnPair{o.key, v})
+		}
 	}
 	var b strings.Builder
 	if isURL(c.Writer) {

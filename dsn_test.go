@@ -1,7 +1,12 @@
 package pgryw
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -176,4 +181,164 @@ func FuzzParseDSN(f *testing.F) {
 			t.Fatalf("round trip changed the config: %q -> %q", dsn, cfg.FormatDSN())
 		}
 	})
+}
+
+// readmeDSNTable renders README.md's DSN table from dsnOptions.
+func readmeDSNTable() []string {
+	rows := []string{"| key | type | values | default | meaning |", "|---|---|---|---|---|"}
+	for _, o := range dsnOptions {
+		def := "none"
+		if o.def != "" {
+			def = "`" + o.def + "`"
+		}
+		rows = append(rows, "| `"+o.key+"` | "+o.typ+" | "+o.values+" | "+def+" | "+o.doc+" |")
+	}
+	return rows
+}
+
+// The table in README.md's DSN section is dsnOptions, row for row.
+func TestDSNTableInREADME(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "\n## DSN\n")
+	if !ok {
+		t.Fatal(`README.md has no "## DSN" section`)
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	var got []string
+	for _, l := range strings.Split(sec, "\n") {
+		if strings.HasPrefix(l, "|") {
+			got = append(got, l)
+		}
+	}
+	want := readmeDSNTable()
+	if slices.Equal(got, want) {
+		return
+	}
+	for i := range max(len(got), len(want)) {
+		g, w := "(none)", "(none)"
+		if i < len(got) {
+			g = got[i]
+		}
+		if i < len(want) {
+			w = want[i]
+		}
+		if g != w {
+			t.Errorf("README.md's DSN table differs from dsnOptions (dsn.go) at row %d:\nREADME:     %s\ndsnOptions: %s", i+1, g, w)
+			break
+		}
+	}
+	t.Errorf("edit dsnOptions in dsn.go or README.md so they agree; for dsnOptions as they are, the table in README.md's \"## DSN\" section is:\n\n%s\n", strings.Join(want, "\n"))
+}
+
+// Each option's default is what NewConfig sets, and formats back as the default.
+func TestDSNOptionDefaults(t *testing.T) {
+	seen := map[string]bool{}
+	for _, o := range dsnOptions {
+		if seen[o.key] {
+			t.Errorf("DSN key %s listed twice", o.key)
+		}
+		seen[o.key] = true
+		if o.key == "" || o.typ == "" || o.values == "" || o.doc == "" || o.parse == nil || o.format == nil {
+			t.Errorf("DSN key %q: descriptor incomplete", o.key)
+			continue
+		}
+		if v, isDefault := o.format(NewConfig()); !isDefault {
+			t.Errorf("DSN key %s: NewConfig's value %q is not reported as the default %q", o.key, v, o.def)
+		}
+		c := &Config{}
+		if o.def != "" {
+			if err := o.parse(c, o.def); err != nil {
+				t.Errorf("DSN key %s: default %q: %v", o.key, o.def, err)
+			}
+		}
+		v, isDefault := o.format(c)
+		if !isDefault {
+			t.Errorf("DSN key %s: default %q formats as %q, not reported as the default", o.key, o.def, v)
+		}
+		if o.validate != nil {
+			if err := o.validate(NewConfig()); err != nil {
+				t.Errorf("DSN key %s: default does not validate: %v", o.key, err)
+			}
+		}
+	}
+}
+
+// Config.validate and ParseDSN word their errors as they always have.
+func TestConfigValidateMessages(t *testing.T) {
+	for _, c := range []struct {
+		set  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.WaitTimeout = 0 }, "pgryw: wait_timeout 0s out of range (1ms to 1h)"},
+		{func(c *Config) { c.WaitTimeout = 2 * time.Hour }, "pgryw: wait_timeout 2h0m0s out of range (1ms to 1h)"},
+		{func(c *Config) { c.OnTimeout = 9 }, `pgryw: DSN key on_timeout: invalid value "invalid(9)" (allowed: primary, error, stale)`},
+		{func(c *Config) { c.WaitMethod = 3 }, `pgryw: DSN key wait_method: invalid value "invalid(3)" (allowed: auto, wait_for, poll)`},
+		{func(c *Config) { c.SessionScope = 2 }, `pgryw: DSN key session_scope: invalid value "invalid(2)" (allowed: db, conn)`},
+		{func(c *Config) { c.Replicas = []string{"a", "b:x"} }, `pgryw: DSN key replicas: invalid value "a,b:x" (allowed: entry "b:x": port must be 1-65535)`},
+	} {
+		cfg := NewConfig()
+		c.set(cfg)
+		if err := cfg.validate(); err == nil || err.Error() != c.want {
+			t.Errorf("validate() = %v, want %s", err, c.want)
+		}
+	}
+	for _, c := range []struct{ dsn, want string }{
+		{"wait_timeout=soon", `pgryw: DSN key wait_timeout: invalid value "soon" (allowed: a Go duration such as 500ms or 2s, or integer milliseconds, from 1ms to 1h)`},
+		{"wait_timeout=3600001", `pgryw: DSN key wait_timeout: invalid value "3600001" (allowed: a Go duration such as 500ms or 2s, or integer milliseconds, from 1ms to 1h)`},
+		{"read_your_writes=yes", `pgryw: DSN key read_your_writes: invalid value "yes" (allowed: on, off)`},
+		{"replicas=a:0", `pgryw: DSN key replicas: invalid value "a:0" (allowed: host[:port][,host[:port]...], IPv6 as [addr]:port; entry "a:0": port must be 1-65535)`},
+		{"write_functions=a,", `pgryw: DSN key write_functions: invalid value "a," (allowed: a comma-separated list of function names, optionally schema-qualified)`},
+	} {
+		if _, err := ParseDSN(c.dsn); err == nil || err.Error() != c.want {
+			t.Errorf("ParseDSN(%q) = %v, want %s", c.dsn, err, c.want)
+		}
+	}
+	for _, c := range []struct {
+		dsn  string
+		want time.Duration
+	}{{"wait_timeout=1", time.Millisecond}, {"wait_timeout=3600000", time.Hour}, {"wait_timeout=1h", time.Hour}} {
+		if cfg, err := ParseDSN(c.dsn); err != nil || cfg.WaitTimeout != c.want {
+			t.Errorf("ParseDSN(%q) = %v, %v; want %v", c.dsn, cfg, err, c.want)
+		}
+	}
+}
+
+// Each DSN key's Config field names it, with its default, in its doc.
+func TestConfigDocsNameDSNKeys(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "dsn.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docs []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		ts, ok := n.(*ast.TypeSpec)
+		if !ok || ts.Name.Name != "Config" {
+			return true
+		}
+		for _, fld := range ts.Type.(*ast.StructType).Fields.List {
+			docs = append(docs, strings.Join(strings.Fields(fld.Doc.Text()), " "))
+		}
+		return false
+	})
+	for _, o := range dsnOptions {
+		def := o.def
+		if def == "" {
+			def = "none"
+		}
+		n := 0
+		for _, d := range docs {
+			if strings.Contains(d, "DSN key "+o.key+" ") || strings.Contains(d, "DSN key "+o.key+",") || strings.Contains(d, "DSN key "+o.key+":") {
+				n++
+				if !strings.Contains(d, "default "+def) {
+					t.Errorf("Config field doc for DSN key %s does not say %q: %s", o.key, "default "+def, d)
+				}
+			}
+		}
+		if n != 1 {
+			t.Errorf(`%d Config field docs say "DSN key %s", want 1`, n, o.key)
+		}
+	}
 }
