@@ -265,3 +265,14 @@ func TestMajorVersion(t *testing.T) {
 		}
 	}
 }
+
+func TestPolarSQL(t *testing.T) {
+	got := polarSQL(OnTimeoutPrimary, 0x16B374D848, 500*time.Millisecond)
+	want := "SET polar_consistency_mode = 'strict'; SET polar_proxy_wait_timeout_ms = 500; SET polar_xact_split_wait_lsn = '97500059720'"
+	if got != want {
+		t.Fatalf("polarSQL = %q\nwant       %q", got, want)
+	}
+	if got := polarSQL(OnTimeoutStale, 1, 0); got != "SET polar_consistency_mode = 'best_effort'; SET polar_proxy_wait_timeout_ms = 1; SET polar_xact_split_wait_lsn = '1'" {
+		t.Fatalf("polarSQL(stale) = %q", got)
+	}
+}

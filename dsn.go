@@ -44,9 +44,13 @@ const (
 	WaitFor
 	// WaitPoll polls pg_last_wal_replay_lsn() with a short backoff.
 	WaitPoll
+	// WaitPolar uses PolarDB's wait: SET polar_consistency_mode,
+	// polar_proxy_wait_timeout_ms and polar_xact_split_wait_lsn in front of
+	// the read, which then waits on the replica before taking its snapshot.
+	WaitPolar
 )
 
-var waitMethodNames = []string{"auto", "wait_for", "poll"}
+var waitMethodNames = []string{"auto", "wait_for", "poll", "polar"}
 
 // String returns the DSN spelling.
 func (w WaitMethod) String() string { return enumName(waitMethodNames, int(w)) }
@@ -143,7 +147,7 @@ var dsnOptions = []dsnOption{
 	enumOption("on_timeout", onTimeoutNames, OnTimeoutPrimary, func(c *Config) *OnTimeout { return &c.OnTimeout },
 		"When the budget runs out: read the writer; return an error (`errors.Is(err, pgryw.ErrReplicaBehind)`, message names the watermark and the replica's position); or serve the replica's rows anyway and count them in `Stats.StaleReads`."),
 	enumOption("wait_method", waitMethodNames, WaitAuto, func(c *Config) *WaitMethod { return &c.WaitMethod },
-		"`auto` = `WAIT FOR LSN … WITH (MODE 'standby_replay', TIMEOUT …, NO_THROW)` on servers ≥ 19, polling `pg_last_wal_replay_lsn()` on older ones. `wait_for` on an older server is reported as an error."),
+		"`auto` = `WAIT FOR LSN … WITH (MODE 'standby_replay', TIMEOUT …, NO_THROW)` on servers ≥ 19, polling `pg_last_wal_replay_lsn()` on older ones. `wait_for` on an older server is reported as an error. `polar` = PolarDB's wait: `SET polar_consistency_mode`, `polar_proxy_wait_timeout_ms` and `polar_xact_split_wait_lsn` in front of the read (`on_timeout=stale` → `best_effort`, else `strict`); a replica that does not know them is reported as an error."),
 	enumOption("session_scope", scopeNames, ScopeDB, func(c *Config) *Scope { return &c.SessionScope },
 		"`conn`: the watermark lives in each connection (`*sql.Conn`, `*sql.Tx`). `db`: additionally one watermark shared by the whole pool, so `db.Exec` followed by `db.Query` is covered even when the pool hands out different connections."),
 	listOption("write_functions", "function names, optionally schema-qualified",

@@ -354,10 +354,14 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResu
 	budget := cn.c.budget(ctx)
 	deadline := time.Now().Add(budget)
 	for i := 0; ; i++ {
-		if i < pipelinedAttempts || cn.c.useWaitFor(b) {
+		if i < pipelinedAttempts || cn.c.useWaitFor(b) || cn.c.cfg.WaitMethod == WaitPolar {
 			inj := cn.c.armCheck(b, wm, max(time.Until(deadline), time.Millisecond))
+			notices := b.wire.Notices()
 			a.read()
 			res, err := cn.c.checked(b, inj, wm)
+			if err == nil && res == waitOK && cn.c.cfg.WaitMethod == WaitPolar {
+				res = cn.c.polarOutcome(b, a, wm, notices)
+			}
 			if err != nil || res != waitBehind {
 				return res, err
 			}

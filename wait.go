@@ -96,7 +96,7 @@ func (c *Connector) useWaitFor(b *backend) bool {
 	switch c.cfg.WaitMethod {
 	case WaitFor:
 		return true
-	case WaitPoll:
+	case WaitPoll, WaitPolar:
 		return false
 	}
 	return b.major >= 19
@@ -258,7 +258,10 @@ const (
 // answered before the read runs, in the same round trip.
 func (c *Connector) armCheck(b *backend, wm lsn.LSN, budget time.Duration) *wire.Injection {
 	inj := &b.pre.inj
-	if c.useWaitFor(b) {
+	if c.cfg.WaitMethod == WaitPolar {
+		c.stats.waits.Add(1)
+		inj.Reset(polarSQL(c.cfg.OnTimeout, wm, budget))
+	} else if c.useWaitFor(b) {
 		c.stats.waits.Add(1)
 		c.stats.waitFors.Add(1)
 		inj.Reset(waitForSQL(wm, budget))
@@ -281,7 +284,7 @@ func (c *Connector) checked(b *backend, inj *wire.Injection, wm lsn.LSN) (waitRe
 		return waitTimeout, errCheckLost
 	}
 	if err := inj.Err(); err != nil {
-		if inj.Msgs != nil {
+		if inj.Msgs != nil && c.cfg.WaitMethod != WaitPolar {
 			// Our prepared poll is gone or clashed: nothing is wrong with
 			// the replica; check the slow way this time.
 			b.injectionFailed(stmtPoll, err)
@@ -290,6 +293,11 @@ func (c *Connector) checked(b *backend, inj *wire.Injection, wm lsn.LSN) (waitRe
 		return waitTimeout, err
 	}
 	row, null := inj.Row()
+	if c.cfg.WaitMethod == WaitPolar {
+		// The settings took; the replica waits when the read takes its
+		// snapshot (see polarOutcome).
+		return waitOK, nil
+	}
 	if c.useWaitFor(b) {
 		res, err := c.waitForAnswer(b, row, wm)
 		if res == waitTimeout && err == nil {
@@ -302,9 +310,13 @@ func (c *Connector) checked(b *backend, inj *wire.Injection, wm lsn.LSN) (waitRe
 
 // configError returns err when a failed wait points at a configuration
 // mistake the caller must hear about (wait_method=wait_for on a server older
-// than PostgreSQL 19), and nil when the replica should just be skipped.
+// than PostgreSQL 19, wait_method=polar on one that is not PolarDB), and nil
+// when the replica should just be skipped.
 func (c *Connector) configError(b *backend, err error) error {
 	var pgErr *pgconn.PgError
+	if c.cfg.WaitMethod == WaitPolar && errors.As(err, &pgErr) && pgErr.Code == "42704" {
+		return fmt.Errorf("pgryw: wait_method=polar needs PolarDB replicas; replica %s does not know its settings: %w", b.node.addr, err)
+	}
 	if c.cfg.WaitMethod == WaitFor && errors.As(err, &pgErr) && b.major > 0 && b.major < 19 {
 		return fmt.Errorf("pgryw: wait_method=wait_for needs PostgreSQL 19 or later; replica %s runs %d: %w", b.node.addr, b.major, err)
 	}

@@ -97,6 +97,7 @@ type Conn struct {
 	pending []byte    // pass-through bytes read by Await, for pgx's next Read
 	wbuf    []byte
 	sent    uint64        // bytes of the caller's that went out
+	notices uint64        // NoticeResponses passed to pgx
 	reading bool          // a Read or Await is on the socket
 	waiter  chan struct{} // closed when that read returns, if someone waits
 
@@ -192,6 +193,15 @@ func (c *Conn) countSent(n int) {
 	c.mu.Lock()
 	c.sent += uint64(n)
 	c.mu.Unlock()
+}
+
+// Notices counts the NoticeResponse messages (warnings included) passed on
+// to pgx: a caller that expects a server to signal something with a
+// warning reads the count before and after a statement.
+func (c *Conn) Notices() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.notices
 }
 
 // Sent counts the bytes of the caller's (pgx's) that have gone out on the
@@ -305,6 +315,9 @@ func (c *Conn) filter(p []byte) int {
 			b := p[i]
 			if c.hdrN == 0 {
 				c.curStrip = len(c.queue) > 0 && c.queue[0].strip && !isAsync(b)
+				if b == 'N' && !c.curStrip {
+					c.notices++
+				}
 			}
 			c.hdr[c.hdrN] = b
 			c.hdrN++
