@@ -275,7 +275,7 @@ func TestConfigValidateMessages(t *testing.T) {
 		{func(c *Config) { c.WaitTimeout = 0 }, "pgryw: wait_timeout 0s out of range (1ms to 1h)"},
 		{func(c *Config) { c.WaitTimeout = 2 * time.Hour }, "pgryw: wait_timeout 2h0m0s out of range (1ms to 1h)"},
 		{func(c *Config) { c.OnTimeout = 9 }, `pgryw: DSN key on_timeout: invalid value "invalid(9)" (allowed: primary, error, stale)`},
-		{func(c *Config) { c.WaitMethod = 3 }, `pgryw: DSN key wait_method: invalid value "invalid(3)" (allowed: auto, wait_for, poll)`},
+		{func(c *Config) { c.WaitMethod = 9 }, `pgryw: DSN key wait_method: invalid value "invalid(9)" (allowed: auto, wait_for, poll, polar)`},
 		{func(c *Config) { c.SessionScope = 2 }, `pgryw: DSN key session_scope: invalid value "invalid(2)" (allowed: db, conn)`},
 		{func(c *Config) { c.Replicas = []string{"a", "b:x"} }, `pgryw: DSN key replicas: invalid value "a,b:x" (allowed: entry "b:x": port must be 1-65535)`},
 	} {
