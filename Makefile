@@ -2,12 +2,12 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: test test-pg19 test-pg18 unit vet generate generate-check fuzz fuzz-all difftest ormcheck demo bench postgres check-long
+.PHONY: test test-pg19 test-pg18 unit vet generate generate-check dockertest fuzz fuzz-all difftest ormcheck demo bench postgres check-long
 
 test: postgres vet
 	@./scripts/pg-version.sh "" "Debian's server: every test, with -race"
 	$(GO) test -race -count=1 ./...
-	$(MAKE) difftest ormcheck fuzz generate-check
+	$(MAKE) difftest ormcheck dockertest fuzz generate-check
 	$(MAKE) test-pg19 test-pg18
 
 # The generated classifier table matches what the server says.
@@ -47,6 +47,7 @@ vet:
 	$(STATICCHECK) ./...
 	cd internal/ormcheck && $(GO) vet ./... && $(STATICCHECK) ./...
 	cd internal/pgquerycheck && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd internal/dockertest && $(GO) vet ./... && $(STATICCHECK) ./...
 
 unit:
 	$(GO) test -count=1 -short ./...
@@ -59,6 +60,11 @@ difftest:
 # CI fuzzes the lexer and the classifier for a short fixed time. The DSN and
 # LSN fuzz targets run their seed corpus in every `go test`; fuzz them with
 # `make fuzz-all`.
+# The Docker provider (its own module: users never download dockertest).
+# Without a Docker engine, as on CI, its tests check that it steps aside.
+dockertest:
+	cd internal/dockertest && $(GO) test -count=1 ./...
+
 # sqlx and GORM on pgryw against real replicas; its own module, so pgryw's
 # users never download them.
 ormcheck:

