@@ -113,3 +113,23 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestReplayTarget(t *testing.T) {
+	const page = 8192
+	for _, tc := range []struct{ in, want LSN }{
+		{0x3022018, 0x3022000}, // seen: short page header after a record ending at a page boundary
+		{0x3000028, 0x3000000}, // long header at a segment start
+		{0x306C028, 0x306C000}, // seen: a record continued onto the page ends 16 bytes after its header; no replay position lies in between
+		{0x3000020, 0x3000020},
+		{0x3001f18, 0x3001f18},
+		{0x3002000, 0x3002000},
+		{LSN(1<<32 | 0x18), LSN(1 << 32)},
+	} {
+		if got := ReplayTarget(tc.in, page); got != tc.want {
+			t.Errorf("ReplayTarget(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	if got := ReplayTarget(0x3022018, 0); got != 0x3022018 {
+		t.Errorf("unknown block size: %v", got)
+	}
+}

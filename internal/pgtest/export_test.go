@@ -13,11 +13,6 @@ func SetForceCopy(v bool) (restore func()) {
 	return func() { forceCopy = old }
 }
 
-// RecordEnd exposes Cluster.recordEnd for a unit test.
-func RecordEnd(lsn, blockSize, segSize uint64) uint64 {
-	return (&Cluster{walBlockSize: blockSize, walSegSize: segSize}).recordEnd(lsn)
-}
-
 // WALSizes reports the WAL page and segment sizes Start read.
 func (c *Cluster) WALSizes() (block, seg uint64) { return c.walBlockSize, c.walSegSize }
 

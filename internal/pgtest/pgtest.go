@@ -34,11 +34,11 @@ import (
 	"net/url"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgryw/pgryw/internal/lsn"
 )
 
 // ErrNoServer reports that no PostgreSQL server could be found: no local
@@ -368,11 +368,11 @@ func (c *Cluster) WaitCaughtUp(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("pgtest: writer insert LSN: %w", err)
 	}
-	target, err := parseLSN(lsnText)
+	target, err := lsn.Parse(lsnText)
 	if err != nil {
-		return err
+		return fmt.Errorf("pgtest: writer insert LSN: %w", err)
 	}
-	target = c.recordEnd(target)
+	target = lsn.ReplayTarget(target, c.walBlockSize)
 	c.mu.Lock()
 	var idx []int
 	for j := range c.Replicas {
@@ -395,7 +395,7 @@ func (c *Cluster) WaitCaughtUp(ctx context.Context) error {
 					return true, nil // promoted behind our back: nothing to wait for
 				}
 				if replay != nil {
-					r, err := parseLSN(*replay)
+					r, err := lsn.Parse(*replay)
 					if err != nil {
 						return false, err
 					}
@@ -404,7 +404,7 @@ func (c *Cluster) WaitCaughtUp(ctx context.Context) error {
 					}
 				}
 				if pause != "not paused" {
-					return false, fmt.Errorf("replay is %s; it would never catch up to %s", pause, formatLSN(target))
+					return false, fmt.Errorf("replay is %s; it would never catch up to %s", pause, target)
 				}
 				return false, nil
 			})
@@ -414,28 +414,6 @@ func (c *Cluster) WaitCaughtUp(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// recordEnd maps an insert LSN to the end of the last WAL record. When the
-// last record ends exactly at a WAL page boundary,
-// pg_current_wal_insert_lsn() points past the next page's header (24 bytes,
-// 40 at a segment start), where nothing has been written; a standby's
-// replay position stops at the boundary and passes the insert LSN only once
-// more WAL arrives: on an idle server that took 14 s (the background
-// writer's next running-xacts record) in a measured case, about one commit
-// in a thousand. No record can end at those offsets (a record continued onto
-// a page has at least one byte after the header), so the mapping is exact.
-func (c *Cluster) recordEnd(lsn uint64) uint64 {
-	if c.walBlockSize == 0 || c.walSegSize == 0 {
-		return lsn
-	}
-	if lsn%c.walSegSize == 40 {
-		return lsn - 40
-	}
-	if off := lsn % c.walBlockSize; off == 24 && lsn%c.walSegSize != 24 {
-		return lsn - 24
-	}
-	return lsn
 }
 
 // Promote promotes replica i (pg_promote, waiting for completion). The
@@ -597,15 +575,3 @@ func waitStreaming(ctx context.Context, writer Node, app string) error {
 		})
 	})
 }
-
-func parseLSN(s string) (uint64, error) {
-	hi, lo, ok := strings.Cut(s, "/")
-	h, err1 := strconv.ParseUint(hi, 16, 32)
-	l, err2 := strconv.ParseUint(lo, 16, 32)
-	if !ok || err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("pgtest: bad LSN %q", s)
-	}
-	return h<<32 | l, nil
-}
-
-func formatLSN(v uint64) string { return fmt.Sprintf("%X/%X", v>>32, uint32(v)) }

@@ -151,7 +151,7 @@ func (p *WaitForProxy) frontend(client, server net.Conn) {
 	if _, err := io.ReadFull(client, hdr[:4]); err != nil {
 		return
 	}
-	n := int(binary.BigEndian.Uint32(hdr[:4]))
+	n := binary.BigEndian.Uint32(hdr[:4])
 	if n < 4 || n > 1<<20 {
 		return
 	}
@@ -167,7 +167,7 @@ func (p *WaitForProxy) frontend(client, server net.Conn) {
 		if _, err := io.ReadFull(client, hdr[:]); err != nil {
 			return
 		}
-		n := int(binary.BigEndian.Uint32(hdr[1:]))
+		n := binary.BigEndian.Uint32(hdr[1:])
 		if n < 4 || n > 1<<30 {
 			return
 		}
