@@ -1,7 +1,7 @@
 package pgryw
 
 // Unit tests for the pure arithmetic that the integration runs exercise only
-// indirectly: the writer-position history, lag and ETA, replica choice, the
+// indirectly: the primary-position history, lag and ETA, replica choice, the
 // insert-position page boundary, and the parsers of pgryw's own answers.
 
 import (
@@ -68,7 +68,7 @@ func TestLagAndETA(t *testing.T) {
 	ms := int64(time.Millisecond)
 	topo.hist.add(100, now-50*ms)
 	topo.hist.add(200, now-20*ms)
-	// The replica is seen at 100 now; the writer was past 100 (at 200) 20 ms
+	// The replica is seen at 100 now; the primary was past 100 (at 200) 20 ms
 	// ago: it is at least 20 ms behind.
 	topo.observe(n, 100, now)
 	if got := n.lag.Load(); got != 20*ms {
@@ -77,7 +77,7 @@ func TestLagAndETA(t *testing.T) {
 	if n.knownReplay() != 100 {
 		t.Fatalf("known replay %v", n.knownReplay())
 	}
-	// It gets to 200 at about the time the writer was there, plus the lag.
+	// It gets to 200 at about the time the primary was there, plus the lag.
 	eta, ok := topo.eta(n, 200)
 	if !ok || eta != now-20*ms+20*ms {
 		t.Fatalf("eta %v, %v", eta, ok)
@@ -89,9 +89,9 @@ func TestLagAndETA(t *testing.T) {
 	if !topo.hopeless(n, 200, 10*time.Millisecond, now-15*ms) {
 		t.Fatal("an ETA 15 ms away does not fit a 10 ms budget")
 	}
-	// A position the writer was never seen at has no ETA.
+	// A position the primary was never seen at has no ETA.
 	if _, ok := topo.eta(n, 300); ok {
-		t.Fatal("eta for an unknown writer position")
+		t.Fatal("eta for an unknown primary position")
 	}
 	// A wait that succeeded bounds the lag from above.
 	topo.reached(n, 200, now-10*ms)

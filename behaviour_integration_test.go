@@ -13,7 +13,7 @@ import (
 )
 
 // Server errors reach the caller as *pgconn.PgError, by errors.As and by a
-// plain type assertion (GORM uses the latter), from the writer and from a
+// plain type assertion (GORM uses the latter), from the primary and from a
 // replica.
 func TestIntegrationErrorsUnwrapped(t *testing.T) {
 	db, _ := openDB(t, "")
@@ -22,7 +22,7 @@ func TestIntegrationErrorsUnwrapped(t *testing.T) {
 	if rows != nil {
 		rows.Close()
 	}
-	for name, err := range map[string]error{"writer": werr, "replica": rerr} {
+	for name, err := range map[string]error{"primary": werr, "replica": rerr} {
 		if _, ok := err.(*pgconn.PgError); !ok {
 			t.Errorf("%s: error %T (%v) is not a *pgconn.PgError", name, err, err)
 		}
@@ -68,7 +68,7 @@ func TestIntegrationContextEndsWait(t *testing.T) {
 	}
 }
 
-// newTableNoWait creates a table on the writer without waiting for replicas
+// newTableNoWait creates a table on the primary without waiting for replicas
 // (they may be paused).
 func newTableNoWait(t *testing.T) string {
 	t.Helper()

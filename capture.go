@@ -13,10 +13,10 @@ import (
 	"github.com/pgryw/pgryw/internal/wire"
 )
 
-// Write capture and watermarks: what running a statement on the writer does
+// Write capture and watermarks: what running a statement on the primary does
 // to the session's position.
 //
-// The rule: every statement that leaves the writer connection outside a
+// The rule: every statement that leaves the primary connection outside a
 // transaction block carries, riding behind it in the same flush, a read of
 // pg_current_wal_insert_lsn(). If the statement may have committed a write
 // (it succeeded, or it failed in a way that may have come after a commit),
@@ -29,9 +29,9 @@ import (
 // block is still open), the position is marked lost and the next replica
 // read captures one first.
 
-// writerStmt is one statement run on the writer outside a database/sql
+// primaryStmt is one statement run on the primary outside a database/sql
 // transaction, from before it is sent until its outcome is known.
-type writerStmt struct {
+type primaryStmt struct {
 	cls        *sqlclass.Result
 	idleBefore bool
 	commits    bool            // it may commit a write (read_your_writes on)
@@ -50,7 +50,7 @@ func (cn *Conn) lostSeen() lostSeen {
 	return s
 }
 
-// endsIdle reports whether the writer connection is sure to be outside any
+// endsIdle reports whether the primary connection is sure to be outside any
 // transaction block once the statement has run, whatever its outcome: an
 // autocommit statement (one or several, without transaction control) sent
 // outside a block, or a plain COMMIT or ROLLBACK.
@@ -67,15 +67,15 @@ func endsIdle(cls *sqlclass.Result, idleBefore bool) bool {
 	return false
 }
 
-// beforeWriter prepares a statement about to run on the writer: it arms the
+// beforePrimary prepares a statement about to run on the primary: it arms the
 // ride-along capture where one may run.
-func (cn *Conn) beforeWriter(cls *sqlclass.Result) writerStmt {
-	return cn.beforeWriterCommits(cls, cn.commits(cls))
+func (cn *Conn) beforePrimary(cls *sqlclass.Result) primaryStmt {
+	return cn.beforePrimaryCommits(cls, cn.commits(cls))
 }
 
-func (cn *Conn) beforeWriterCommits(cls *sqlclass.Result, commits bool) writerStmt {
-	w := cn.writer
-	ws := writerStmt{cls: cls, idleBefore: w.idle()}
+func (cn *Conn) beforePrimaryCommits(cls *sqlclass.Result, commits bool) primaryStmt {
+	w := cn.primary
+	ws := primaryStmt{cls: cls, idleBefore: w.idle()}
 	if !cn.c.cfg.ReadYourWrites {
 		return ws
 	}
@@ -88,7 +88,7 @@ func (cn *Conn) beforeWriterCommits(cls *sqlclass.Result, commits bool) writerSt
 	return ws
 }
 
-// commits reports whether a statement about to run on the writer, outside
+// commits reports whether a statement about to run on the primary, outside
 // any database/sql transaction, may commit a write: an autocommit statement
 // that may write (a multi-statement string with its own BEGIN and COMMIT
 // included), or a COMMIT ending a transaction block in which such a
@@ -100,11 +100,11 @@ func (cn *Conn) commits(cls *sqlclass.Result) bool {
 	return cn.c.mayWrite(cls)
 }
 
-// afterWriter updates the connection once a statement has run on the writer
+// afterPrimary updates the connection once a statement has run on the primary
 // (err is its outcome): pins the connection when the statement changed
 // session state, tracks Exec'd transaction blocks, and moves the watermarks.
-func (cn *Conn) afterWriter(ctx context.Context, ws *writerStmt, err error) {
-	w := cn.writer
+func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
+	w := cn.primary
 	cls := ws.cls
 	if w.pg == nil {
 		switch cls.Tx {
@@ -176,7 +176,7 @@ func (cn *Conn) afterWriter(ctx context.Context, ws *writerStmt, err error) {
 	case wrote:
 		cn.markLost(true)
 	case w.wire != nil && !closed && !inBlock:
-		// A statement that read on the writer without a position: the
+		// A statement that read on the primary without a position: the
 		// connection's next replica read must not see less.
 		cn.markLost(false)
 	}
@@ -227,12 +227,12 @@ func (cn *Conn) await(ctx context.Context, b *backend, inj *wire.Injection) bool
 	return inj.Done()
 }
 
-// captureNow reads the writer's position after a commit with a round trip of
+// captureNow reads the primary's position after a commit with a round trip of
 // its own, within the caller's context, and advances the watermarks. If it
 // cannot, the position is marked lost.
 func (cn *Conn) captureNow(ctx context.Context) {
 	seen := cn.lostSeen()
-	l, err := capture(ctx, cn.writer)
+	l, err := capture(ctx, cn.primary)
 	if err != nil {
 		cn.c.stats.captureFailures.Add(1)
 		cn.markLost(true)
@@ -253,7 +253,7 @@ func (cn *Conn) markLost(commit bool) {
 }
 
 // advance raises the watermarks this connection answers to after a possible
-// commit, records the writer's position for lag estimates, and marks the
+// commit, records the primary's position for lag estimates, and marks the
 // losses seen before the capture was sent as covered.
 func (cn *Conn) advance(l lsn.LSN, seen lostSeen) {
 	cn.c.topo.hist.add(l, time.Now().UnixNano())
@@ -265,7 +265,7 @@ func (cn *Conn) advance(l lsn.LSN, seen lostSeen) {
 	}
 }
 
-// raiseConn raises this connection's watermark alone to a writer position
+// raiseConn raises this connection's watermark alone to a primary position
 // read after a statement that committed nothing.
 func (cn *Conn) raiseConn(l lsn.LSN, seen lostSeen) {
 	cn.c.topo.hist.add(l, time.Now().UnixNano())
@@ -275,7 +275,7 @@ func (cn *Conn) raiseConn(l lsn.LSN, seen lostSeen) {
 
 // watermark returns the position a replica read must see: this connection's
 // and, with session_scope=db, the pool's. If a position was lost it
-// captures a fresh one first (the writer connection is idle here).
+// captures a fresh one first (the primary connection is idle here).
 func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
 	if !cn.c.cfg.ReadYourWrites {
 		return 0, nil
@@ -288,7 +288,7 @@ func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
 	}
 	if connLost || dbLost {
 		seen := cn.lostSeen()
-		l, err := capture(ctx, cn.writer)
+		l, err := capture(ctx, cn.primary)
 		if err != nil {
 			cn.c.stats.captureFailures.Add(1)
 			return 0, err
@@ -307,33 +307,33 @@ func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
 	return wm, nil
 }
 
-// RunOnWriter runs f with the writer connection's *pgx.Conn, for what
+// RunOnPrimary runs f with the primary connection's *pgx.Conn, for what
 // database/sql cannot express (CopyFrom, SendBatch, pgx's own types). Reach
 // it through sql.Conn.Raw:
 //
 //	err := conn.Raw(func(dc any) error {
-//		return dc.(*pgryw.Conn).RunOnWriter(ctx, func(pc *pgx.Conn) error {
+//		return dc.(*pgryw.Conn).RunOnPrimary(ctx, func(pc *pgx.Conn) error {
 //			_, err := pc.CopyFrom(ctx, pgx.Identifier{"t"}, cols, rows)
 //			return err
 //		})
 //	})
 //
 // Whatever f did counts as a possible write, whether f succeeded or not:
-// afterwards the writer's position is read (one round trip) and advances the
+// afterwards the primary's position is read (one round trip) and advances the
 // watermarks; inside a database/sql transaction its COMMIT does that. f
 // must not end a transaction that pgryw opened. Session state f changes
 // (SET, LISTEN, ...) is not tracked: run such statements through
 // database/sql, or pin reads with WithPrimary.
-func (cn *Conn) RunOnWriter(ctx context.Context, f func(*pgx.Conn) error) error {
-	sc, ok := cn.writer.conn.(*stdlib.Conn)
+func (cn *Conn) RunOnPrimary(ctx context.Context, f func(*pgx.Conn) error) error {
+	sc, ok := cn.primary.conn.(*stdlib.Conn)
 	if !ok {
-		return errors.New("pgryw: RunOnWriter needs a pgx connection")
+		return errors.New("pgryw: RunOnPrimary needs a pgx connection")
 	}
 	err := f(sc.Conn())
 	if cn.c.plain || !cn.c.cfg.ReadYourWrites {
 		return err
 	}
-	w := cn.writer
+	w := cn.primary
 	switch {
 	case cn.tx != nil && !cn.tx.onReplica:
 		cn.tx.wrote = true

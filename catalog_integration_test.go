@@ -17,8 +17,8 @@ import (
 
 // TestIntegrationCatalogBounded sends statements calling 40 distinct
 // user functions the classifier does not know through a one-connection
-// pool, and watches the writer's pg_stat_activity meanwhile: pgryw asks the
-// writer's catalog about them over at most one extra connection (not one
+// pool, and watches the primary's pg_stat_activity meanwhile: pgryw asks the
+// primary's catalog about them over at most one extra connection (not one
 // per name), the names become known (the statements move to replicas), and
 // once db.Close returns none of the pool's connections is left.
 func TestIntegrationCatalogBounded(t *testing.T) {
@@ -55,7 +55,7 @@ func TestIntegrationCatalogBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Count the pool's client backends on the writer, as fast as we can,
+	// Count the pool's client backends on the primary, as fast as we can,
 	// until told to stop.
 	count := func() int {
 		var n int
@@ -110,7 +110,7 @@ func TestIntegrationCatalogBounded(t *testing.T) {
 			if time.Now().After(deadline) {
 				close(stop)
 				wg.Wait()
-				t.Fatalf("SELECT %s() (STABLE) never served by a replica; peak %d writer connections", names[i], peak.Load())
+				t.Fatalf("SELECT %s() (STABLE) never served by a replica; peak %d primary connections", names[i], peak.Load())
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -118,17 +118,17 @@ func TestIntegrationCatalogBounded(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	// The pool's one connection, the catalog's one, and one to spare for a
-	// monitor connection to the writer (today it polls replicas only).
+	// monitor connection to the primary (today it polls replicas only).
 	const limit = 1 + 1 + 1
-	t.Logf("peak %d pool connections on the writer while asking about %d functions; stats %+v", peak.Load(), nfuncs, c.Stats())
+	t.Logf("peak %d pool connections on the primary while asking about %d functions; stats %+v", peak.Load(), nfuncs, c.Stats())
 	if p := peak.Load(); p > limit {
-		t.Errorf("pool held %d connections to the writer while asking the catalog; want at most %d (pool 1 + monitor 1 + catalog 1)", p, limit)
+		t.Errorf("pool held %d connections to the primary while asking the catalog; want at most %d (pool 1 + monitor 1 + catalog 1)", p, limit)
 	}
 
 	// The catalog's connection is idle now; DB.Close must close it (and the
 	// pool's) before returning, or promptly after.
 	if n := count(); n == 0 {
-		t.Errorf("no pool connection on the writer before Close: the test cannot see them")
+		t.Errorf("no pool connection on the primary before Close: the test cannot see them")
 	}
 	db.Close()
 	deadline = time.Now().Add(2 * time.Second)
@@ -138,23 +138,23 @@ func TestIntegrationCatalogBounded(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d connections of the pool still on the writer 2s after db.Close()", n)
+			t.Fatalf("%d connections of the pool still on the primary 2s after db.Close()", n)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
 // TestIntegrationCatalogCloseMidLookup closes the pool while catalog
-// look-ups are still connecting to a slow writer (every writer connection
+// look-ups are still connecting to a slow primary (every primary connection
 // after the pool's own takes 300ms to send its startup message): nothing of
-// the pool may reach the writer after db.Close has returned.
+// the pool may reach the primary after db.Close has returned.
 func TestIntegrationCatalogCloseMidLookup(t *testing.T) {
 	app := fmt.Sprintf("pgryw_catclose_%d", os.Getpid())
 	db, c := openDB(t, "application_name="+app)
 	db.SetMaxOpenConns(1)
-	var writerConns atomic.Int64
+	var primaryConns atomic.Int64
 	pgryw.SetNetHook(c, func(port uint16, nc net.Conn) net.Conn {
-		if int(port) == cluster.Writer.Port && writerConns.Add(1) > 1 {
+		if int(port) == cluster.Writer.Port && primaryConns.Add(1) > 1 {
 			return &slowStart{Conn: nc, delay: 300 * time.Millisecond}
 		}
 		return nc
@@ -185,14 +185,14 @@ func TestIntegrationCatalogCloseMidLookup(t *testing.T) {
 			zero = time.Now()
 		}
 		if n > 0 && !zero.IsZero() {
-			t.Fatalf("%d pool connections on the writer %v after db.Close() returned, after the last had gone; counts %s", n, time.Since(closed), compact(seen))
+			t.Fatalf("%d pool connections on the primary %v after db.Close() returned, after the last had gone; counts %s", n, time.Since(closed), compact(seen))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	if zero.IsZero() {
-		t.Fatalf("pool connections still on the writer 1s after db.Close(); counts %s", compact(seen))
+		t.Fatalf("pool connections still on the primary 1s after db.Close(); counts %s", compact(seen))
 	}
-	t.Logf("%d writer connections opened by the pool; counts after Close %s", writerConns.Load(), compact(seen))
+	t.Logf("%d primary connections opened by the pool; counts after Close %s", primaryConns.Load(), compact(seen))
 }
 
 // slowStart delays a connection's first write (the startup message).
@@ -217,7 +217,7 @@ func compact(s []int) string {
 	return b.String()
 }
 
-// TestIntegrationCatalogAnswers checks what the writer's catalog makes of
+// TestIntegrationCatalogAnswers checks what the primary's catalog makes of
 // names: a function with any volatile overload stays a write, an unqualified
 // name matches every schema, a schema-qualified one only its schema, and a
 // quoted name with characters that would need escaping in SQL or in an

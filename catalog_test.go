@@ -16,7 +16,7 @@ import (
 // worker dials through dial instead of a server.
 func newCatalogConnector(t *testing.T, dial func(ctx context.Context, n *node) (driver.Conn, error)) *Connector {
 	t.Helper()
-	cfg, err := ParseDSN("host=writer.invalid user=app replicas=replica.invalid")
+	cfg, err := ParseDSN("host=primary.invalid user=app replicas=replica.invalid")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func (fc *funcCatalog) state() (pending, queued int, running bool) {
 	return len(fc.pending), len(fc.queued), fc.running
 }
 
-// A writer that refuses connections is asked once per backoff period,
+// A primary that refuses connections is asked once per backoff period,
 // about every name waiting, not once per statement or per name.
 func TestCatalogFailureBackoff(t *testing.T) {
 	var (

@@ -13,14 +13,14 @@ import (
 	"github.com/pgryw/pgryw"
 )
 
-// TestIntegrationWriterClasses runs every kind of statement that must run on
-// the writer through pgryw with replicas configured, on one connection, in
+// TestIntegrationPrimaryClasses runs every kind of statement that must run on
+// the primary through pgryw with replicas configured, on one connection, in
 // an order where a misrouted statement fails: a write on a replica fails with
 // SQLSTATE 25006, and a statement that depends on earlier session state
 // (temporary table, prepared statement, setting, cursor, sequence currval,
 // advisory lock) fails or answers wrongly on another node. Reads that do not
 // depend on session state must be served by replicas.
-func TestIntegrationWriterClasses(t *testing.T) {
+func TestIntegrationPrimaryClasses(t *testing.T) {
 	db, c := openDB(t, "")
 	ctx := context.Background()
 	setup := []string{
@@ -66,7 +66,7 @@ func TestIntegrationWriterClasses(t *testing.T) {
 	}
 	for _, q := range reads {
 		if !servedByReplica(t, ctx, conn, q) {
-			t.Errorf("read served by the writer: %s", q)
+			t.Errorf("read served by the primary: %s", q)
 		}
 	}
 	// The stable user function is a read once the catalog has answered.
@@ -235,7 +235,7 @@ func TestIntegrationCaseTableReads(t *testing.T) {
 		}
 		ok++
 		if c.Stats().ReplicaReads == before {
-			t.Errorf("read served by the writer: %s", q)
+			t.Errorf("read served by the primary: %s", q)
 		}
 	}
 	t.Logf("%d reads sent, %d succeeded on replicas", ran, ok)

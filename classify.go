@@ -59,7 +59,7 @@ func (cc *classCache) put(q string, r sqlclass.Result) {
 }
 
 // learnWrite records that q turned out to write: a replica refused it with
-// SQLSTATE 25006. It stays on the writer from then on.
+// SQLSTATE 25006. It stays on the primary from then on.
 func (cc *classCache) learnWrite(q string) {
 	r := sqlclass.Classify(q)
 	r.Write = true
@@ -70,10 +70,10 @@ func (cc *classCache) learnWrite(q string) {
 // readOnly reports whether a statement may run on a replica: the classifier
 // found nothing that writes or changes the session, and every function it
 // could not vouch for is listed in read_functions or known from the
-// writer's catalog to be stable or immutable (and is not in
-// write_functions). Anything else stays on the writer.
+// primary's catalog to be stable or immutable (and is not in
+// write_functions). Anything else stays on the primary.
 func (c *Connector) readOnly(r *sqlclass.Result) bool {
-	// Transaction control opens or ends a block on the writer: database/sql
+	// Transaction control opens or ends a block on the primary: database/sql
 	// transactions do not come this way, so an Exec'd BEGIN is the caller
 	// managing a block on this connection.
 	if r.Write || r.Pin || r.Tx != sqlclass.TxNone {
@@ -87,7 +87,7 @@ func (c *Connector) readOnly(r *sqlclass.Result) bool {
 	return true
 }
 
-// mayWrite reports whether a statement that runs on the writer may change
+// mayWrite reports whether a statement that runs on the primary may change
 // data that later reads must see once it commits: it writes, or it calls a
 // function not known to be read-only. Transaction control and statements
 // that only change the session (SET, LISTEN, PREPARE) do not.
@@ -112,20 +112,20 @@ func (c *Connector) mayWrite(r *sqlclass.Result) bool {
 	return false
 }
 
-// funcCatalog caches, per writer, whether functions the classifier could not
-// vouch for are read-only: the writer's pg_proc is asked once per name, in
+// funcCatalog caches, per primary, whether functions the classifier could not
+// vouch for are read-only: the primary's pg_proc is asked once per name, in
 // the background, and a volatile function (any overload) counts as a write,
 // as pgpool-II does. Until the answer is in, statements calling the
-// function go to the writer.
+// function go to the primary.
 //
 // One worker goroutine per connector asks: it starts with the first unknown
-// name, holds at most one writer connection, takes every pending name each
+// name, holds at most one primary connection, takes every pending name each
 // turn and asks for all of them in one query. It closes its connection and
 // ends after catalogIdle without work, and at Connector.Close. At most
 // catalogMaxPending names wait; more are not asked now and stay writes. A
-// turn that fails (the writer is down) makes the worker, and each name it
+// turn that fails (the primary is down) makes the worker, and each name it
 // asked about, wait a backoff that doubles from catalogBackoffMin to
-// catalogBackoffMax, so a down writer is not hammered.
+// catalogBackoffMax, so a down primary is not hammered.
 type funcCatalog struct {
 	mu      sync.RWMutex
 	known   map[string]bool      // name -> read-only
@@ -259,7 +259,7 @@ func (c *Connector) stopCatalog() {
 }
 
 // runCatalog is the catalog worker: each turn it takes every pending name
-// and asks the writer about them in one query, over the one connection it
+// and asks the primary about them in one query, over the one connection it
 // keeps. It ends when idle for catalogIdle or when ctx is cancelled.
 func (c *Connector) runCatalog(ctx context.Context, cancel context.CancelFunc) {
 	fc := &c.funcs
@@ -316,7 +316,7 @@ func (c *Connector) runCatalog(ctx context.Context, cancel context.CancelFunc) {
 		case <-fc.wake:
 		case <-retry:
 		case <-idle.C:
-			// Idle: let the writer have its connection back. With names
+			// Idle: let the primary have its connection back. With names
 			// waiting out a backoff, the worker stays for them.
 			if b != nil {
 				b.close()
@@ -327,7 +327,7 @@ func (c *Connector) runCatalog(ctx context.Context, cancel context.CancelFunc) {
 	}
 }
 
-// askBatch asks the writer about names over b, connecting first when there
+// askBatch asks the primary about names over b, connecting first when there
 // is no usable connection, records the answers or the failure, and returns
 // the connection to keep for the next turn (nil for none).
 func (c *Connector) askBatch(ctx context.Context, b *backend, names []string) *backend {
@@ -343,8 +343,8 @@ func (c *Connector) askBatch(ctx context.Context, b *backend, names []string) *b
 	)
 	if b == nil {
 		var dc driver.Conn
-		if dc, err = c.dial(qctx, c.topo.writer); err == nil {
-			b = newBackend(dc, c.topo.writer)
+		if dc, err = c.dial(qctx, c.topo.primary); err == nil {
+			b = newBackend(dc, c.topo.primary)
 		}
 	}
 	if err == nil {
@@ -393,13 +393,13 @@ func (fc *funcCatalog) answered(names []string, ro []bool, err error, stopping b
 	}
 	for _, f := range names {
 		if len(fc.retry) >= catalogMaxRetry {
-			break // the worker's own backoff still spares the writer
+			break // the worker's own backoff still spares the primary
 		}
 		fc.retry[f] = fc.notBefore
 	}
 }
 
-// queryVolatility asks the writer over b whether each of names is
+// queryVolatility asks the primary over b whether each of names is
 // read-only, in one query; ro[i] answers names[i].
 func queryVolatility(ctx context.Context, b *backend, names []string) ([]bool, error) {
 	if b.pg == nil {

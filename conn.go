@@ -8,18 +8,18 @@ import (
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
 
-// Conn is one database/sql connection: a writer connection opened at once,
+// Conn is one database/sql connection: a primary connection opened at once,
 // and a connection to each replica opened when a read first needs it.
 // Statements are routed one by one; see the package documentation.
 type Conn struct {
 	c        *Connector
-	writer   *backend
+	primary  *backend
 	replicas []*backend // by replica index; nil until used
 
 	sess session // this connection's own watermark
 
 	// pinned: a statement changed session state (SET, PREPARE, LISTEN, a
-	// temporary table, an advisory lock...) on the writer connection; every
+	// temporary table, an advisory lock...) on the primary connection; every
 	// later statement runs there so it keeps seeing that state.
 	pinned bool
 
@@ -32,7 +32,7 @@ type Conn struct {
 
 // Close implements driver.Conn.
 func (cn *Conn) Close() error {
-	err := cn.writer.close()
+	err := cn.primary.close()
 	for i, b := range cn.replicas {
 		if b != nil {
 			b.close()
@@ -63,15 +63,15 @@ func (cn *Conn) Begin() (driver.Tx, error) {
 // pgx untouched (pgx encodes arrays, Scanner/Valuer types and more itself).
 func (cn *Conn) CheckNamedValue(*driver.NamedValue) error { return nil }
 
-// Ping implements driver.Pinger against the writer.
+// Ping implements driver.Pinger against the primary.
 func (cn *Conn) Ping(ctx context.Context) error {
-	if p, ok := cn.writer.conn.(driver.Pinger); ok {
+	if p, ok := cn.primary.conn.(driver.Pinger); ok {
 		return p.Ping(ctx)
 	}
 	return nil
 }
 
-// ResetSession implements driver.SessionResetter. It checks the writer
+// ResetSession implements driver.SessionResetter. It checks the primary
 // connection (replica connections are checked when a read uses them) and
 // drops replica connections that have failed.
 func (cn *Conn) ResetSession(ctx context.Context) error {
@@ -81,7 +81,7 @@ func (cn *Conn) ResetSession(ctx context.Context) error {
 			cn.replicas[i] = nil
 		}
 	}
-	if r, ok := cn.writer.conn.(driver.SessionResetter); ok {
+	if r, ok := cn.primary.conn.(driver.SessionResetter); ok {
 		return r.ResetSession(ctx)
 	}
 	return nil
@@ -89,10 +89,10 @@ func (cn *Conn) ResetSession(ctx context.Context) error {
 
 // IsValid implements driver.Validator.
 func (cn *Conn) IsValid() bool {
-	if v, ok := cn.writer.conn.(driver.Validator); ok {
+	if v, ok := cn.primary.conn.(driver.Validator); ok {
 		return v.IsValid()
 	}
-	return !cn.writer.closed()
+	return !cn.primary.closed()
 }
 
 // ExecContext implements driver.ExecerContext.
@@ -101,7 +101,7 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 		return cn.tx.exec(ctx, query, args)
 	}
 	if cn.c.plain {
-		return cn.writer.exec(ctx, query, args)
+		return cn.primary.exec(ctx, query, args)
 	}
 	cls := cn.c.classes.get(query)
 	toReplica, err := cn.routeReplica(ctx, &cls)
@@ -110,26 +110,26 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 	}
 	if toReplica {
 		var res driver.Result
-		onWriter, done, err := cn.onReplica(ctx, query, &cls, true, func(b *backend) (func(), error) {
+		onPrimary, done, err := cn.onReplica(ctx, query, &cls, true, func(b *backend) (func(), error) {
 			var err error
 			res, err = b.exec(ctx, query, args)
 			return nil, err
 		})
-		if !onWriter {
+		if !onPrimary {
 			if done != nil {
 				done()
 			}
 			return res, err
 		}
 	}
-	ws := cn.beforeWriter(&cls)
-	res, err := cn.writer.exec(ctx, query, args)
+	ws := cn.beforePrimary(&cls)
+	res, err := cn.primary.exec(ctx, query, args)
 	if cn.staleRead(&cls, &ws, err) {
-		cn.afterWriter(ctx, &ws, err)
-		ws = cn.beforeWriter(&cls)
-		res, err = cn.writer.exec(ctx, query, args)
+		cn.afterPrimary(ctx, &ws, err)
+		ws = cn.beforePrimary(&cls)
+		res, err = cn.primary.exec(ctx, query, args)
 	}
-	cn.afterWriter(ctx, &ws, err)
+	cn.afterPrimary(ctx, &ws, err)
 	return res, err
 }
 
@@ -139,7 +139,7 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 		return cn.tx.query(ctx, query, args)
 	}
 	if cn.c.plain {
-		return cn.writer.query(ctx, query, args)
+		return cn.primary.query(ctx, query, args)
 	}
 	cls := cn.c.classes.get(query)
 	toReplica, err := cn.routeReplica(ctx, &cls)
@@ -148,7 +148,7 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 	}
 	if toReplica {
 		var rows driver.Rows
-		onWriter, done, err := cn.onReplica(ctx, query, &cls, true, func(b *backend) (func(), error) {
+		onPrimary, done, err := cn.onReplica(ctx, query, &cls, true, func(b *backend) (func(), error) {
 			var err error
 			rows, err = b.query(ctx, query, args)
 			if err != nil {
@@ -156,7 +156,7 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 			}
 			return func() { rows.Close() }, nil
 		})
-		if !onWriter {
+		if !onPrimary {
 			if err != nil || done == nil {
 				if done != nil {
 					done()
@@ -166,30 +166,30 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 			return &afterRows{Rows: rows, done: func(error) { done() }}, nil
 		}
 	}
-	ws := cn.beforeWriter(&cls)
-	rows, err := cn.writer.query(ctx, query, args)
+	ws := cn.beforePrimary(&cls)
+	rows, err := cn.primary.query(ctx, query, args)
 	if cn.staleRead(&cls, &ws, err) {
-		cn.afterWriter(ctx, &ws, err)
-		ws = cn.beforeWriter(&cls)
-		rows, err = cn.writer.query(ctx, query, args)
+		cn.afterPrimary(ctx, &ws, err)
+		ws = cn.beforePrimary(&cls)
+		rows, err = cn.primary.query(ctx, query, args)
 	}
 	if err != nil || ws.inj == nil && !ws.commits {
-		cn.afterWriter(ctx, &ws, err)
+		cn.afterPrimary(ctx, &ws, err)
 		return rows, err
 	}
 	// The statement's outcome (an autocommit INSERT … RETURNING commits
 	// only when its result is complete) and the answer to the capture
 	// riding behind it are known once the rows are closed.
-	return &afterRows{Rows: rows, done: func(err error) { cn.afterWriter(ctx, &ws, err) }}, nil
+	return &afterRows{Rows: rows, done: func(err error) { cn.afterPrimary(ctx, &ws, err) }}, nil
 }
 
-// staleRead reports that a read run on the writer outside a transaction
+// staleRead reports that a read run on the primary outside a transaction
 // block failed because pgx's cached description of it predates a schema
 // change ("cached plan must not change result type"). Nothing ran, pgx has
 // dropped the description, and a read is safe to send again: pgryw does,
 // once, where plain pgx would fail the statement once.
-func (cn *Conn) staleRead(cls *sqlclass.Result, ws *writerStmt, err error) bool {
-	return err != nil && ws.idleBefore && cn.writer.idle() && cn.c.readOnly(cls) && isStaleDescription(err)
+func (cn *Conn) staleRead(cls *sqlclass.Result, ws *primaryStmt, err error) bool {
+	return err != nil && ws.idleBefore && cn.primary.idle() && cn.c.readOnly(cls) && isStaleDescription(err)
 }
 
 // routeReplica decides, outside any transaction, whether a statement goes to
@@ -200,7 +200,7 @@ func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, e
 	if replicaHint && !read {
 		return false, fmt.Errorf("%w (%s)", ErrReplicaHint, cls.Reason)
 	}
-	if !read || cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx) || !cn.writer.idle() {
+	if !read || cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx) || !cn.primary.idle() {
 		return false, nil
 	}
 	// A replica hint overrides pinning: the caller says the statement does

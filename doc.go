@@ -7,7 +7,7 @@
 //
 //	db, err := sql.Open("pgryw", "postgres://app@primary/app?replicas=replica1,replica2:5433")
 //
-// The DSN is a pgx connection string for the writer plus pgryw's keys
+// The DSN is a pgx connection string for the primary plus pgryw's keys
 // (replicas, read_your_writes, wait_timeout, on_timeout, wait_method,
 // session_scope, read_functions, write_functions), which are removed before
 // pgx sees the rest. ParseDSN and NewConnector build the same from code.
@@ -15,21 +15,21 @@
 // # Routing
 //
 // Each statement is classified by its SQL text (cached): provably read-only
-// statements go to a replica, everything else to the writer. Statements that
+// statements go to a replica, everything else to the primary. Statements that
 // change session state (SET, PREPARE, LISTEN, temporary tables, advisory
-// locks, cursors) run on the writer and pin the connection there for the rest
+// locks, cursors) run on the primary and pin the connection there for the rest
 // of its life, so later statements keep seeing that state. Read-write
-// transactions run wholly on the writer; a read-only transaction
+// transactions run wholly on the primary; a read-only transaction
 // (sql.TxOptions{ReadOnly: true}) runs wholly on a replica. A comment
-// /* pgryw:primary */ or the context from WithPrimary forces the writer.
+// /* pgryw:primary */ or the context from WithPrimary forces the primary.
 //
 // # Read your writes
 //
-// After a write commits, pgryw reads the writer's WAL insert position and
+// After a write commits, pgryw reads the primary's WAL insert position and
 // raises the session's watermark to it. Before a replica read, the replica
 // must have replayed past the watermark: pgryw waits with WAIT FOR LSN on
 // PostgreSQL 19 and later, and polls pg_last_wal_replay_lsn() on older
-// servers, for at most wait_timeout; then on_timeout decides (read the writer,
+// servers, for at most wait_timeout; then on_timeout decides (read the primary,
 // return ErrReplicaBehind, or serve stale rows). What pgryw learns about each
 // replica's position (from every check and from a background monitor) is
 // shared by all connections of a pool: a replica known to be caught up is
@@ -46,8 +46,8 @@
 // connection, an ended context) moves the watermark too, or marks its
 // position lost so the next replica read captures one first. A read raises
 // its connection's watermark to an upper bound of what it saw (a replay
-// position polled right behind it on a replica, the writer's position on the
-// writer), so reads on one connection never go back in time.
+// position polled right behind it on a replica, the primary's position on the
+// primary), so reads on one connection never go back in time.
 //
 // With session_scope=db (the default) the pool shares one watermark, so
 // db.Exec followed by db.Query is covered even on different connections; with

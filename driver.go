@@ -60,9 +60,9 @@ func (d *Driver) OpenConnector(dsn string) (driver.Connector, error) {
 // Use it with sql.OpenDB.
 type Connector struct {
 	cfg   *Config
-	plain bool // no replicas: every statement goes to the writer untouched
+	plain bool // no replicas: every statement goes to the primary untouched
 
-	writer   driver.Connector
+	primary  driver.Connector
 	replicas []driver.Connector
 	topo     topology
 
@@ -71,7 +71,7 @@ type Connector struct {
 
 	readFuncs, writeFuncs map[string]bool
 	funcs                 funcCatalog
-	noCatalog             bool // unit tests: no writer to ask
+	noCatalog             bool // unit tests: no primary to ask
 
 	stats counters
 	mon   monitor
@@ -98,7 +98,7 @@ func newConnector(cfg *Config) (*Connector, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	wc, err := cfg.writerConfig()
+	wc, err := cfg.primaryConfig()
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +108,7 @@ func newConnector(cfg *Config) (*Connector, error) {
 		readFuncs:  toSet(cfg.ReadFunctions),
 		writeFuncs: toSet(cfg.WriteFunctions),
 	}
-	c.topo.writer = &node{index: -1, addr: fmt.Sprintf("%s:%d", wc.Host, wc.Port), host: wc.Host, port: wc.Port}
+	c.topo.primary = &node{index: -1, addr: fmt.Sprintf("%s:%d", wc.Host, wc.Port), host: wc.Host, port: wc.Port}
 	for i, r := range cfg.Replicas {
 		host, port, err := splitHostPort(r, wc.Port)
 		if err != nil {
@@ -122,7 +122,7 @@ func newConnector(cfg *Config) (*Connector, error) {
 	if !c.plain {
 		c.wireUp(wc)
 	}
-	c.writer = stdlib.GetConnector(*wc)
+	c.primary = stdlib.GetConnector(*wc)
 	c.dial = c.dialServer
 	return c, nil
 }
@@ -154,7 +154,7 @@ func toSet(list []string) map[string]bool {
 	return m
 }
 
-// replicaConfig derives a replica's connection settings from the writer's:
+// replicaConfig derives a replica's connection settings from the primary's:
 // same credentials, database, TLS and runtime parameters, another address,
 // and no fallback hosts (a replica entry is one node; the wait and the read
 // must land on the same one).
@@ -162,11 +162,11 @@ func replicaConfig(wc *pgx.ConnConfig, host string, port uint16) *pgx.ConnConfig
 	rc := wc.Copy()
 	rc.Host, rc.Port = host, port
 	// target_session_attrs (read-write, primary: common in HA DSNs) checks
-	// the writer; on a standby it would refuse every connection.
+	// the primary; on a standby it would refuse every connection.
 	rc.ValidateConnect = nil
 	// transaction_read_only=off as a startup setting makes a standby refuse
 	// the connection (FATAL 25001), which would quietly send every read to
-	// the writer. Replica reads are read-only anyway.
+	// the primary. Replica reads are read-only anyway.
 	if len(rc.RuntimeParams) > 0 {
 		rc.RuntimeParams = maps.Clone(rc.RuntimeParams)
 		delete(rc.RuntimeParams, "transaction_read_only")
@@ -177,7 +177,7 @@ func replicaConfig(wc *pgx.ConnConfig, host string, port uint16) *pgx.ConnConfig
 	if rc.TLSConfig != nil && rc.TLSConfig.ServerName != "" {
 		rc.TLSConfig.ServerName = host
 	}
-	// Keep the writer's sslmode=prefer/allow behaviour: its fallbacks for its
+	// Keep the primary's sslmode=prefer/allow behaviour: its fallbacks for its
 	// own first address differ only in TLS.
 	var fbs = rc.Fallbacks[:0:0]
 	for _, fb := range wc.Fallbacks {
@@ -246,20 +246,20 @@ func dropOption(opts, guc string) string {
 
 func (c *Connector) dialServer(ctx context.Context, n *node) (driver.Conn, error) {
 	if n.index < 0 {
-		return c.writer.Connect(ctx)
+		return c.primary.Connect(ctx)
 	}
 	return c.replicas[n.index].Connect(ctx)
 }
 
-// Connect implements driver.Connector. It opens the writer connection now;
+// Connect implements driver.Connector. It opens the primary connection now;
 // replica connections are opened by the first read that needs each.
 func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
-	wc, err := c.dial(ctx, c.topo.writer)
+	wc, err := c.dial(ctx, c.topo.primary)
 	if err != nil {
 		return nil, err
 	}
 	c.startMonitor()
-	return &Conn{c: c, writer: newBackend(wc, c.topo.writer), replicas: make([]*backend, len(c.topo.replicas))}, nil
+	return &Conn{c: c, primary: newBackend(wc, c.topo.primary), replicas: make([]*backend, len(c.topo.replicas))}, nil
 }
 
 // Driver implements driver.Connector.
@@ -271,27 +271,27 @@ func (c *Connector) Config() *Config { return c.cfg.Clone() }
 // Stats counts what the connector's connections did since it was created.
 type Stats struct {
 	ReplicaReads    int64 // reads served by a replica
-	WriterReads     int64 // reads served by the writer (no replica usable, pinned, hinted, or fallback)
-	Fallbacks       int64 // reads sent to the writer because a replica was behind, unreachable or promoted
+	PrimaryReads    int64 // reads served by the primary (no replica usable, pinned, hinted, or fallback)
+	Fallbacks       int64 // reads sent to the primary because a replica was behind, unreachable or promoted
 	StaleReads      int64 // reads served by a replica behind the watermark (on_timeout=stale)
 	BehindErrors    int64 // reads that returned ErrReplicaBehind (on_timeout=error)
 	Waits           int64 // reads that made a replica wait: a WAIT FOR, or polling after a failed check
 	WaitTimeouts    int64 // waits whose budget ran out
-	Captures        int64 // writer positions read after a commit
+	Captures        int64 // primary positions read after a commit
 	CaptureFailures int64 // commits whose position could not be read (the next read re-captures)
 }
 
 type counters struct {
-	replicaReads, writerReads, fallbacks, staleReads, behindErrors atomic.Int64
-	waits, waitTimeouts, captures, captureFailures                 atomic.Int64
-	waitFors                                                       atomic.Int64 // checks sent as WAIT FOR LSN
+	replicaReads, primaryReads, fallbacks, staleReads, behindErrors atomic.Int64
+	waits, waitTimeouts, captures, captureFailures                  atomic.Int64
+	waitFors                                                        atomic.Int64 // checks sent as WAIT FOR LSN
 }
 
 // Stats returns the connector's counters.
 func (c *Connector) Stats() Stats {
 	s := &c.stats
 	return Stats{
-		ReplicaReads: s.replicaReads.Load(), WriterReads: s.writerReads.Load(), Fallbacks: s.fallbacks.Load(),
+		ReplicaReads: s.replicaReads.Load(), PrimaryReads: s.primaryReads.Load(), Fallbacks: s.fallbacks.Load(),
 		StaleReads: s.staleReads.Load(), BehindErrors: s.behindErrors.Load(), Waits: s.waits.Load(),
 		WaitTimeouts: s.waitTimeouts.Load(), Captures: s.captures.Load(), CaptureFailures: s.captureFailures.Load(),
 	}

@@ -19,8 +19,8 @@ import (
 type OnTimeout uint8
 
 const (
-	// OnTimeoutPrimary reads from the writer instead. Correct, at the cost of
-	// writer load; the default.
+	// OnTimeoutPrimary reads from the primary instead. Correct, at the cost of
+	// primary load; the default.
 	OnTimeoutPrimary OnTimeout = iota
 	// OnTimeoutError returns an error matching ErrReplicaBehind.
 	OnTimeoutError
@@ -83,15 +83,15 @@ func enumName(names []string, i int) string {
 // Config is a parsed pgryw DSN. Build one with NewConfig or ParseDSN; the
 // zero value is not ready to use (ReadYourWrites would be off).
 type Config struct {
-	// Writer is the writer's connection string exactly as pgx reads it (URL
+	// Primary is the primary's connection string exactly as pgx reads it (URL
 	// or keyword/value form), with pgryw's own keys removed.
-	Writer string
+	Primary string
 	// Replicas are the streaming replicas, each "host[:port]", IPv6 as
 	// "[addr]:port". Each addresses one standby (the wait and the read must
 	// run on the same node) and inherits user, password, database, TLS and
-	// runtime settings from the writer; a missing port means the writer's
+	// runtime settings from the primary; a missing port means the primary's
 	// port. DSN key replicas, a comma-separated list; default none: every
-	// statement goes to the writer.
+	// statement goes to the primary.
 	Replicas []string
 	// ReadYourWrites makes replica reads wait for the session's watermark.
 	// Off, pgryw is plain read/write splitting: reads may be stale.
@@ -116,7 +116,7 @@ type Config struct {
 	// comma-separated list; default none.
 	WriteFunctions []string
 	// ReadFunctions are function names, optionally schema-qualified and
-	// lower-cased, always treated as read-only, without asking the writer's
+	// lower-cased, always treated as read-only, without asking the primary's
 	// catalog. DSN key read_functions, a comma-separated list; default none.
 	ReadFunctions []string
 }
@@ -138,14 +138,14 @@ const maxWaitTimeout = time.Hour
 var dsnOptions = []dsnOption{
 	listOption("replicas", "`host[:port][,host[:port]...]`, IPv6 as `[addr]:port`",
 		func(c *Config) *[]string { return &c.Replicas }, parseReplicas, validateReplicas,
-		"Replica nodes. Each must address **one** standby (the wait and the read must land on the same node: no load-balanced endpoint). A missing port means the writer's port. No replicas: every statement goes to the writer, untouched, at no added cost."),
+		"Replica nodes. Each must address **one** standby (the wait and the read must land on the same node: no load-balanced endpoint). A missing port means the primary's port. No replicas: every statement goes to the primary, untouched, at no added cost."),
 	boolOption("read_your_writes", true, func(c *Config) *bool { return &c.ReadYourWrites },
 		"`off` = plain read/write splitting with no waits: reads may be stale (eventual consistency)."),
 	durationOption("wait_timeout", DefaultWaitTimeout, time.Millisecond, maxWaitTimeout,
 		func(c *Config) *time.Duration { return &c.WaitTimeout },
 		"Budget for a replica to reach the session's watermark."),
 	enumOption("on_timeout", onTimeoutNames, OnTimeoutPrimary, func(c *Config) *OnTimeout { return &c.OnTimeout },
-		"When the budget runs out: read the writer; return an error (`errors.Is(err, pgryw.ErrReplicaBehind)`, message names the watermark and the replica's position); or serve the replica's rows anyway and count them in `Stats.StaleReads`."),
+		"When the budget runs out: read the primary; return an error (`errors.Is(err, pgryw.ErrReplicaBehind)`, message names the watermark and the replica's position); or serve the replica's rows anyway and count them in `Stats.StaleReads`."),
 	enumOption("wait_method", waitMethodNames, WaitAuto, func(c *Config) *WaitMethod { return &c.WaitMethod },
 		"`auto` = `WAIT FOR LSN … WITH (MODE 'standby_replay', TIMEOUT …, NO_THROW)` on servers ≥ 19, polling `pg_last_wal_replay_lsn()` on older ones. `wait_for` on an older server is reported as an error. `polar` = PolarDB's wait: `SET polar_consistency_mode`, `polar_proxy_wait_timeout_ms` and `polar_xact_split_wait_lsn` in front of the read (`on_timeout=stale` → `best_effort`, else `strict`); a replica that does not know them is reported as an error."),
 	enumOption("session_scope", scopeNames, ScopeDB, func(c *Config) *Scope { return &c.SessionScope },
@@ -327,29 +327,29 @@ func (c *Config) Clone() *Config {
 	return &cp
 }
 
-// ParseDSN parses a pgx connection string for the writer that may carry
+// ParseDSN parses a pgx connection string for the primary that may carry
 // pgryw's keys (see the README for each). pgryw's keys are removed before the
 // rest is validated with pgx.ParseConfig. Errors name the offending key and
 // the allowed values, and never include a password.
 func ParseDSN(dsn string) (*Config, error) {
 	cfg := NewConfig()
 	var (
-		writer string
-		pairs  []dsnPair
-		err    error
+		primary string
+		pairs   []dsnPair
+		err     error
 	)
 	if isURL(dsn) {
-		writer, pairs, err = splitURL(dsn)
+		primary, pairs, err = splitURL(dsn)
 	} else {
-		writer, pairs, err = splitKeywordValue(dsn)
+		primary, pairs, err = splitKeywordValue(dsn)
 	}
 	if err != nil {
 		return nil, err
 	}
-	// Before any value is judged (and quoted in an error): only a writer
+	// Before any value is judged (and quoted in an error): only a primary
 	// string whose parts pgx reads one way only says for sure which text is
 	// a password.
-	if err := checkWriterSyntax(writer); err != nil {
+	if err := checkPrimarySyntax(primary); err != nil {
 		return nil, err
 	}
 	seen := map[string]bool{}
@@ -362,7 +362,7 @@ func ParseDSN(dsn string) (*Config, error) {
 			return nil, err
 		}
 	}
-	cfg.Writer = writer
+	cfg.Primary = primary
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -501,22 +501,22 @@ func (c *Config) validate() error {
 			return err
 		}
 	}
-	if _, err := c.writerConfig(); err != nil {
+	if _, err := c.primaryConfig(); err != nil {
 		return err
 	}
 	return nil
 }
 
-// writerConfig parses Writer with pgx. Its error message is built here
+// primaryConfig parses Primary with pgx. Its error message is built here
 // and names no secret: pgx's own messages quote the connection string,
 // redacted on a best-effort basis only.
-func (c *Config) writerConfig() (*pgx.ConnConfig, error) {
-	if err := checkWriterSyntax(c.Writer); err != nil {
+func (c *Config) primaryConfig() (*pgx.ConnConfig, error) {
+	if err := checkPrimarySyntax(c.Primary); err != nil {
 		return nil, err
 	}
-	pc, err := pgx.ParseConfig(c.Writer)
+	pc, err := pgx.ParseConfig(c.Primary)
 	if err != nil {
-		return nil, errors.New("pgryw: writer connection string: " + scrubSecrets(c.Writer, pgxMessage(err)))
+		return nil, errors.New("pgryw: primary connection string: " + scrubSecrets(c.Primary, pgxMessage(err)))
 	}
 	return pc, nil
 }
@@ -534,8 +534,8 @@ func pgxMessage(err error) string {
 }
 
 // FormatDSN returns a DSN that ParseDSN turns back into an equal Config: the
-// writer string followed by pgryw's keys that differ from their defaults, in
-// a fixed order, in the writer string's own syntax.
+// primary string followed by pgryw's keys that differ from their defaults, in
+// a fixed order, in the primary string's own syntax.
 func (c *Config) FormatDSN() string {
 	var pairs []dsnPair
 	for _, o := range dsnOptions {
@@ -544,12 +544,12 @@ func (c *Config) FormatDSN() string {
 		}
 	}
 	var b strings.Builder
-	if isURL(c.Writer) {
+	if isURL(c.Primary) {
 		// Keys go at the end of the query string, where pgx finds it (pgx
 		// has no #fragment: '#' is data).
-		b.WriteString(c.Writer)
+		b.WriteString(c.Primary)
 		sep := "?"
-		if u := parsePGURL(c.Writer); u.hasQuery {
+		if u := parsePGURL(c.Primary); u.hasQuery {
 			sep = "&"
 			if u.query == "" || strings.HasSuffix(u.query, "&") {
 				sep = ""
@@ -564,7 +564,7 @@ func (c *Config) FormatDSN() string {
 		}
 		return b.String()
 	}
-	b.WriteString(c.Writer)
+	b.WriteString(c.Primary)
 	for _, p := range pairs {
 		if b.Len() > 0 {
 			b.WriteByte(' ')
@@ -579,7 +579,7 @@ func (c *Config) FormatDSN() string {
 // String is FormatDSN with every secret replaced by xxxxx, for logs and %v:
 // the URL's password, and the value of every key whose name says password,
 // passwd or secret (password, sslpassword, oauth_client_secret), in either
-// form, however its key is spelled (pass%77ord). A writer string whose parts
+// form, however its key is spelled (pass%77ord). A primary string whose parts
 // pgx could read two ways is not shown at all.
 func (c *Config) String() string {
 	return redactDSN(c.FormatDSN())
@@ -625,7 +625,7 @@ func splitURL(dsn string) (string, []dsnPair, error) {
 }
 
 // splitKeywordValue removes pgryw's keys from a libpq keyword/value string.
-// The writer part is rebuilt from the remaining pairs' original text joined
+// The primary part is rebuilt from the remaining pairs' original text joined
 // by single spaces.
 func splitKeywordValue(dsn string) (string, []dsnPair, error) {
 	var kept []string
@@ -678,7 +678,7 @@ func (b kvBad) err() error {
 	if b.unterminated {
 		what = "a quoted value without its closing quote"
 	}
-	return fmt.Errorf("pgryw: writer connection string: %s at byte %d", what, b.at)
+	return fmt.Errorf("pgryw: primary connection string: %s at byte %d", what, b.at)
 }
 
 // scanKeywordValue reads a libpq keyword/value string as pgx does: keyword,
@@ -1000,13 +1000,13 @@ func isSecretKey(k string) bool {
 	return strings.Contains(k, "password") || strings.Contains(k, "passwd") || strings.Contains(k, "secret")
 }
 
-// checkWriterSyntax reports a writer string pgx would refuse, or whose
+// checkPrimarySyntax reports a primary string pgx would refuse, or whose
 // parts it could read other than as meant, naming the problem and where
 // but quoting none of the text.
-func checkWriterSyntax(s string) error {
+func checkPrimarySyntax(s string) error {
 	if isURL(s) {
 		if u := parsePGURL(s); u.problem != "" {
-			return fmt.Errorf("pgryw: writer connection string: malformed URL: %s", u.problem)
+			return fmt.Errorf("pgryw: primary connection string: malformed URL: %s", u.problem)
 		}
 		return nil
 	}

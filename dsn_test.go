@@ -17,26 +17,26 @@ var dsnCases = []struct {
 	dsn     string
 	want    *Config // nil: expect an error
 	errHas  []string
-	writer  string
+	primary string
 	noMatch []string // must not appear in the error (passwords)
 }{
-	{dsn: "postgres://u:secret@h:5432/db", writer: "postgres://u:secret@h:5432/db", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
+	{dsn: "postgres://u:secret@h:5432/db", primary: "postgres://u:secret@h:5432/db", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
 	{dsn: "postgres://u@h/db?sslmode=disable&replicas=r1:5433,r2&wait_timeout=2s&on_timeout=error&application_name=x",
-		writer: "postgres://u@h/db?sslmode=disable&application_name=x",
-		want:   &Config{Replicas: []string{"r1:5433", "r2"}, ReadYourWrites: true, WaitTimeout: 2 * time.Second, OnTimeout: OnTimeoutError}},
+		primary: "postgres://u@h/db?sslmode=disable&application_name=x",
+		want:    &Config{Replicas: []string{"r1:5433", "r2"}, ReadYourWrites: true, WaitTimeout: 2 * time.Second, OnTimeout: OnTimeoutError}},
 	{dsn: "postgresql://h/db?replicas=%5B%3A%3A1%5D%3A5433&read_your_writes=off&wait_method=poll&session_scope=conn",
-		writer: "postgresql://h/db",
-		want:   &Config{Replicas: []string{"[::1]:5433"}, ReadYourWrites: false, WaitTimeout: 500 * time.Millisecond, WaitMethod: WaitPoll, SessionScope: ScopeConn}},
+		primary: "postgresql://h/db",
+		want:    &Config{Replicas: []string{"[::1]:5433"}, ReadYourWrites: false, WaitTimeout: 500 * time.Millisecond, WaitMethod: WaitPoll, SessionScope: ScopeConn}},
 	{dsn: "host=h user=u password='se cret' dbname=db replicas=10.0.0.2:5433 wait_timeout=250 on_timeout=stale wait_method=wait_for",
-		writer: "host=h user=u password='se cret' dbname=db",
-		want:   &Config{Replicas: []string{"10.0.0.2:5433"}, ReadYourWrites: true, WaitTimeout: 250 * time.Millisecond, OnTimeout: OnTimeoutStale, WaitMethod: WaitFor}},
-	{dsn: "replicas = 'a, b:6000'  host=h", writer: "host=h",
+		primary: "host=h user=u password='se cret' dbname=db",
+		want:    &Config{Replicas: []string{"10.0.0.2:5433"}, ReadYourWrites: true, WaitTimeout: 250 * time.Millisecond, OnTimeout: OnTimeoutStale, WaitMethod: WaitFor}},
+	{dsn: "replicas = 'a, b:6000'  host=h", primary: "host=h",
 		want: &Config{Replicas: []string{"a", "b:6000"}, ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
-	{dsn: "host=h read_functions=f,public.g write_functions=Audit", writer: "host=h",
+	{dsn: "host=h read_functions=f,public.g write_functions=Audit", primary: "host=h",
 		want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, ReadFunctions: []string{"f", "public.g"}, WriteFunctions: []string{"audit"}}},
-	{dsn: "", writer: "", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
+	{dsn: "", primary: "", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
 	// Found by FuzzParseDSN: an empty value must not swallow the keys FormatDSN appends.
-	{dsn: "on_timeout=stale 0=", writer: "0=''", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, OnTimeout: OnTimeoutStale}},
+	{dsn: "on_timeout=stale 0=", primary: "0=''", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, OnTimeout: OnTimeoutStale}},
 
 	{dsn: "host=h on_timeout=later", errHas: []string{"on_timeout", "later", "primary, error, stale"}},
 	{dsn: "host=h read_your_writes=maybe", errHas: []string{"read_your_writes", "on, off"}},
@@ -55,8 +55,8 @@ var dsnCases = []struct {
 	{dsn: "host=h wait_timeout=1s wait_timeout=2s", errHas: []string{"wait_timeout", "twice"}},
 	{dsn: "host=h read_functions=f;drop", errHas: []string{"read_functions"}},
 	{dsn: "postgres://u:hunter2@h/db?on_timeout=nope", errHas: []string{"on_timeout"}, noMatch: []string{"hunter2"}},
-	{dsn: "user=u password=hunter2 port=notaport", errHas: []string{"writer connection string"}, noMatch: []string{"hunter2"}},
-	{dsn: "postgres://u:hunter2@h:badport/db", errHas: []string{"writer connection string"}, noMatch: []string{"hunter2"}},
+	{dsn: "user=u password=hunter2 port=notaport", errHas: []string{"primary connection string"}, noMatch: []string{"hunter2"}},
+	{dsn: "postgres://u:hunter2@h:badport/db", errHas: []string{"primary connection string"}, noMatch: []string{"hunter2"}},
 }
 
 func TestParseDSN(t *testing.T) {
@@ -84,7 +84,7 @@ func TestParseDSN(t *testing.T) {
 			continue
 		}
 		want := c.want.Clone()
-		want.Writer = c.writer
+		want.Primary = c.primary
 		if !configEqual(got, want) {
 			t.Errorf("ParseDSN(%q)\n got %#v\nwant %#v", c.dsn, got, want)
 		}

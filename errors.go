@@ -16,7 +16,7 @@ import (
 // ErrReplicaHint is returned for a statement carrying a /* pgryw:replica */
 // hint that the classifier says writes or changes the session: obeying the
 // hint would fail on the replica or change the wrong session.
-var ErrReplicaHint = errors.New("pgryw: /* pgryw:replica */ hint on a statement that must run on the writer")
+var ErrReplicaHint = errors.New("pgryw: /* pgryw:replica */ hint on a statement that must run on the primary")
 
 // ErrReplicaBehind is matched (errors.Is) by the error a read returns under
 // on_timeout=error when no replica replayed the session's watermark in time.

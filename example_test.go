@@ -15,7 +15,7 @@ func ExampleParseDSN() {
 		panic(err)
 	}
 	fmt.Println(cfg.Replicas, cfg.WaitTimeout, cfg.OnTimeout)
-	fmt.Println(cfg.Writer)
+	fmt.Println(cfg.Primary)
 	fmt.Println(cfg) // the password is never printed
 	// Output:
 	// [replica1 replica2:5433] 200ms error
@@ -32,7 +32,7 @@ func ExampleParseDSN_badValue() {
 
 func ExampleNewConnector() {
 	cfg := pgryw.NewConfig()
-	cfg.Writer = "host=primary user=app dbname=app"
+	cfg.Primary = "host=primary user=app dbname=app"
 	cfg.Replicas = []string{"replica1", "replica2"}
 	c, err := pgryw.NewConnector(cfg)
 	if err != nil {
@@ -43,13 +43,13 @@ func ExampleNewConnector() {
 	// Where did the reads go?
 	fmt.Printf("%+v\n", c.Stats())
 	// Output:
-	// {ReplicaReads:0 WriterReads:0 Fallbacks:0 StaleReads:0 BehindErrors:0 Waits:0 WaitTimeouts:0 Captures:0 CaptureFailures:0}
+	// {ReplicaReads:0 PrimaryReads:0 Fallbacks:0 StaleReads:0 BehindErrors:0 Waits:0 WaitTimeouts:0 Captures:0 CaptureFailures:0}
 }
 
 func ExampleWithPrimary() {
 	var db *sql.DB // opened with sql.Open("pgryw", …)
 	read := func(ctx context.Context) {
-		// Reads with this context go to the writer: they see other sessions'
+		// Reads with this context go to the primary: they see other sessions'
 		// latest writes too, not only this session's.
 		if db != nil {
 			db.QueryRowContext(pgryw.WithPrimary(ctx), "SELECT balance FROM accounts WHERE id = $1", 7)
@@ -67,7 +67,7 @@ func ExampleErrReplicaBehind() {
 	err := db.QueryRow("SELECT name FROM users WHERE id = $1", 7).Scan(&name)
 	if errors.Is(err, pgryw.ErrReplicaBehind) {
 		// No replica caught up within wait_timeout: retry later, or ask the
-		// writer explicitly with pgryw.WithPrimary.
+		// primary explicitly with pgryw.WithPrimary.
 		fmt.Println("replica behind:", err)
 	}
 }

@@ -87,7 +87,7 @@ func TestIntegrationCancelledAfterCommitMovesWatermark(t *testing.T) {
 }
 
 // Class 1: writes made through the escape hatch move the watermark.
-func TestIntegrationRunOnWriterMovesWatermark(t *testing.T) {
+func TestIntegrationRunOnPrimaryMovesWatermark(t *testing.T) {
 	table := newTable(t)
 	setDelay(t, 100*time.Millisecond)
 	db, _ := openDB(t, "session_scope=conn&wait_timeout=2s")
@@ -99,7 +99,7 @@ func TestIntegrationRunOnWriterMovesWatermark(t *testing.T) {
 	defer conn.Close()
 	for i := 0; i < 3; i++ {
 		err := conn.Raw(func(dc any) error {
-			return dc.(*pgryw.Conn).RunOnWriter(ctx, func(pc *pgx.Conn) error {
+			return dc.(*pgryw.Conn).RunOnPrimary(ctx, func(pc *pgx.Conn) error {
 				_, err := pc.CopyFrom(ctx, pgx.Identifier{table}, []string{"id", "v"},
 					pgx.CopyFromRows([][]any{{int64(10*i + 1), int32(1)}, {int64(10*i + 2), int32(2)}}))
 				return err
@@ -190,9 +190,9 @@ func TestIntegrationPartialWriteRunsOnce(t *testing.T) {
 	}
 }
 
-// Class 3: with an unresponsive writer every wait pgryw adds ends with the
+// Class 3: with an unresponsive primary every wait pgryw adds ends with the
 // caller's deadline.
-func TestIntegrationDeadlineWithStalledWriter(t *testing.T) {
+func TestIntegrationDeadlineWithStalledPrimary(t *testing.T) {
 	table := newTable(t)
 	db, _ := openDB(t, "")
 	db.SetMaxOpenConns(1)
@@ -229,7 +229,7 @@ func TestIntegrationDeadlineWithStalledWriter(t *testing.T) {
 }
 
 // Class 4: a read never sees an older state than an earlier read of the
-// same connection, whether the earlier one ran on the writer or on a more
+// same connection, whether the earlier one ran on the primary or on a more
 // advanced replica.
 func TestIntegrationMonotonicAcrossNodes(t *testing.T) {
 	table := newTable(t)
@@ -257,7 +257,7 @@ func TestIntegrationMonotonicAcrossNodes(t *testing.T) {
 		insert()
 	}
 	waitReplicaCount(t, 0, table, 5)
-	t.Run("after a writer read", func(t *testing.T) {
+	t.Run("after a primary read", func(t *testing.T) {
 		db, _ := openDB(t, "session_scope=conn&wait_timeout=50ms")
 		conn, err := db.Conn(ctx)
 		if err != nil {
@@ -268,7 +268,7 @@ func TestIntegrationMonotonicAcrossNodes(t *testing.T) {
 		seen := countRows(t, pgryw.WithPrimary(ctx), conn, table)
 		for i := 0; i < 20; i++ {
 			if n := countRows(t, ctx, conn, table); n < seen {
-				t.Fatalf("read %d saw %d rows after a writer read saw %d", i, n, seen)
+				t.Fatalf("read %d saw %d rows after a primary read saw %d", i, n, seen)
 			}
 		}
 	})
@@ -406,7 +406,7 @@ func TestIntegrationOwnSchemaChange(t *testing.T) {
 	}
 }
 
-// Class 7: settings meant for the writer do not disable the replicas, and a
+// Class 7: settings meant for the primary do not disable the replicas, and a
 // read-only serializable transaction runs where it can.
 func TestIntegrationReplicaSettings(t *testing.T) {
 	table := newTable(t)
@@ -429,7 +429,7 @@ func TestIntegrationReplicaSettings(t *testing.T) {
 		}
 	}
 	// A default a standby cannot run (SERIALIZABLE) sends reads to the
-	// writer rather than failing them.
+	// primary rather than failing them.
 	sdb, _ := openDB(t, "options=-c%20default_transaction_isolation%3Dserializable")
 	for i := 0; i < 3; i++ {
 		countRows(t, ctx, sdb, table)

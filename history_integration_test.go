@@ -5,7 +5,7 @@ package pgryw_test
 // seeded mix of reads and writes of many shapes against the real primary and
 // replicas while a fault goroutine pauses replay, stops replicas, adds apply
 // delay and cuts, resets and stalls connections (internal/faultnet under
-// pgryw's wire layer). Every op is recorded; at the end the writer's rows,
+// pgryw's wire layer). Every op is recorded; at the end the primary's rows,
 // with their commit timestamps, are the ground truth the history is checked
 // against: no duplicated effects, outcomes that match, read-your-writes,
 // monotonic reads per connection, plausible values, and DDL that does not
@@ -84,7 +84,7 @@ type histRead struct {
 	at   int64   // the statement's start
 	vals []int64 // by key; -1: not read
 	port int     // inet_server_port() of the node that answered
-	inRW bool    // inside a read-write transaction (on the writer)
+	inRW bool    // inside a read-write transaction (on the primary)
 }
 
 type histOp struct {
@@ -146,7 +146,7 @@ type histRun struct {
 	dumped atomic.Bool
 
 	heldMu sync.Mutex
-	heldBy map[*faultnet.Conn]bool // writer connections under sessions' *sql.Conns
+	heldBy map[*faultnet.Conn]bool // primary connections under sessions' *sql.Conns
 
 	evMu   sync.Mutex
 	events []histEvent
@@ -248,7 +248,7 @@ func TestHistory(t *testing.T) {
 		opsN = n
 	}
 	h.left.Store(opsN)
-	h.ports = map[int]string{cluster.Writer.Port: "writer"}
+	h.ports = map[int]string{cluster.Writer.Port: "primary"}
 	for i, r := range cluster.Replicas {
 		h.ports[r.Port] = fmt.Sprintf("replica%d", i)
 		h.replicas = append(h.replicas, uint16(r.Port))
@@ -310,7 +310,7 @@ func TestHistory(t *testing.T) {
 	h.check(all, truth)
 }
 
-// setup creates the run's tables on the writer and waits for the replicas.
+// setup creates the run's tables on the primary and waits for the replicas.
 func (h *histRun) setup() {
 	t := h.t
 	suffix := fmt.Sprintf("%d_%d", os.Getpid(), tableSeq.Add(1))
@@ -423,7 +423,7 @@ func (h *histRun) faultLoop(rng *rand.Rand, stop <-chan struct{}) {
 		case x < 50:
 			d := dur(20, 400)
 			n := h.nw.ArmAll(uint16(cluster.Writer.Port), faultnet.Fault{Kind: faultnet.Stall, Delay: d})
-			h.event("writer stalled %v (%d conns)", d, n)
+			h.event("primary stalled %v (%d conns)", d, n)
 		case x < 58:
 			port := h.replicas[i]
 			n := h.nw.ArmAll(port, faultnet.Fault{Kind: faultnet.Stall, Delay: dur(20, 400)})
@@ -477,7 +477,7 @@ type histSession struct {
 	pool  *histPool
 	rng   *rand.Rand
 	conn  *sql.Conn
-	wconn *faultnet.Conn // under the session's writer connection, if found
+	wconn *faultnet.Conn // under the session's primary connection, if found
 	id    int
 	ops   []*histOp
 	// readNext: the previous op wrote; bias the next one to a read.
@@ -496,7 +496,7 @@ func (s *histSession) run() {
 				continue
 			}
 			s.conn, s.id = c, int(s.h.nextSess.Add(1))
-			s.findWriterConn()
+			s.findPrimaryConn()
 		}
 		s.step()
 	}
@@ -517,7 +517,7 @@ func (s *histSession) drop() {
 }
 
 // valid reports whether the session's connection still works, as far as
-// pgryw says (its writer connection is open).
+// pgryw says (its primary connection is open).
 func (s *histSession) valid() bool {
 	ok := true
 	err := s.conn.Raw(func(dc any) error {
@@ -529,10 +529,10 @@ func (s *histSession) valid() bool {
 	return ok && err == nil
 }
 
-// findWriterConn finds the faultnet connection under the session's writer
-// connection: the writer reports the client port (a writer read, so it runs
+// findPrimaryConn finds the faultnet connection under the session's primary
+// connection: the primary reports the client port (a primary read, so it runs
 // once, when the session starts).
-func (s *histSession) findWriterConn() {
+func (s *histSession) findPrimaryConn() {
 	s.wconn = nil
 	ctx, cancel := context.WithTimeout(pgryw.WithPrimary(context.Background()), 5*time.Second)
 	defer cancel()
@@ -565,14 +565,14 @@ func (s *histSession) opCtx(op *histOp) (context.Context, context.CancelFunc) {
 }
 
 // maybeFault arms, with a small probability, a fault on the session's
-// writer connection or on a replica connection.
+// primary connection or on a replica connection.
 func (s *histSession) maybeFault(op *histOp) {
 	x := s.rng.IntN(1000)
 	f := randomFault(s.rng)
 	pick := s.rng.IntN(1 << 30)
 	if strings.HasPrefix(op.kind, "pool-") {
 		// The op runs on whatever connection the pool hands out: arm the
-		// writer connections no session holds.
+		// primary connections no session holds.
 		if x < 100 {
 			n := 0
 			for _, c := range s.h.nw.Conns(uint16(cluster.Writer.Port)) {
@@ -581,7 +581,7 @@ func (s *histSession) maybeFault(op *histOp) {
 					n++
 				}
 			}
-			op.faults = append(op.faults, fmt.Sprintf("%d pooled writer conns %s", n, faultString(f)))
+			op.faults = append(op.faults, fmt.Sprintf("%d pooled primary conns %s", n, faultString(f)))
 		}
 		return
 	}
@@ -589,7 +589,7 @@ func (s *histSession) maybeFault(op *histOp) {
 	case x < 25:
 		if c := s.wconn; c != nil {
 			c.Arm(f)
-			op.faults = append(op.faults, "writer "+faultString(f))
+			op.faults = append(op.faults, "primary "+faultString(f))
 		}
 	case x < 40:
 		var cs []*faultnet.Conn
@@ -1309,16 +1309,16 @@ func (h *histRun) check(all []*histOp, tr *histTruth) {
 			v.max = math.MaxInt
 		}
 	}
-	writer := map[int64]*histOp{}
+	primary := map[int64]*histOp{}
 	for _, op := range all {
 		for _, w := range op.writes {
-			writer[w.id] = op
+			primary[w.id] = op
 		}
 	}
 
 	// No duplicated effects.
 	for id, tcs := range tr.rows {
-		op := writer[id]
+		op := primary[id]
 		switch {
 		case op == nil:
 			v.add("duplicated effects", "ops row with op_id %d that no op wrote", id)
@@ -1392,7 +1392,7 @@ func (h *histRun) check(all []*histOp, tr *histTruth) {
 		}
 	}
 
-	h.checkRYW(all, tr, writer, v)
+	h.checkRYW(all, tr, primary, v)
 	h.checkMonotonic(all, tr, v)
 
 	for n, c := range h.notes {
@@ -1418,7 +1418,7 @@ type histVis struct {
 	id   int64
 }
 
-func (h *histRun) checkRYW(all []*histOp, tr *histTruth, writer map[int64]*histOp, v *histViolations) {
+func (h *histRun) checkRYW(all []*histOp, tr *histTruth, primary map[int64]*histOp, v *histViolations) {
 	lists := map[histScope]*[histKeys][]histVis{}
 	add := func(sc histScope, k int, x histVis) {
 		l := lists[sc]
@@ -1526,7 +1526,7 @@ func (h *histRun) checkRYW(all []*histOp, tr *histTruth, writer map[int64]*histO
 }
 
 // checkMonotonic checks that each session's reads of a key never go back.
-// A read on the writer that misses a version a replica already showed is
+// A read on the primary that misses a version a replica already showed is
 // PostgreSQL's doing, not pgryw's: the primary makes a commit visible only
 // after its WAL is flushed, and a standby may replay it first. Those are
 // counted and logged, not failed.
@@ -1564,15 +1564,15 @@ func (h *histRun) checkMonotonic(all []*histOp, tr *histTruth, v *histViolations
 					}
 					prop := "monotonic reads"
 					if prev.port == cluster.Writer.Port {
-						prop = "monotonic reads (earlier read on the writer)"
+						prop = "monotonic reads (earlier read on the primary)"
 					}
 					if r.port == cluster.Writer.Port && prev.v >= 1 && int(prev.v) <= len(tr.tcAt[k]) {
 						gap := time.Duration(r.at-tr.tcAt[k][prev.v-1]) * time.Microsecond
-						h.notes["writer read behind a replica's (commit visible on the standby first)"]++
+						h.notes["primary read behind a replica's (commit visible on the standby first)"]++
 						if gap < time.Second {
 							continue
 						}
-						msg += fmt.Sprintf("\n  (the version missed committed %v before the writer read)", gap)
+						msg += fmt.Sprintf("\n  (the version missed committed %v before the primary read)", gap)
 					}
 					v.add(prop, "%s", msg)
 					continue

@@ -80,7 +80,7 @@ func setDelay(t *testing.T, d time.Duration) {
 
 var tableSeq atomic.Int64
 
-// newTable creates a fresh table on the writer and waits until the replicas
+// newTable creates a fresh table on the primary and waits until the replicas
 // have it.
 func newTable(t *testing.T) string {
 	t.Helper()
@@ -129,8 +129,8 @@ func (w *workload) onReplicas(t *testing.T) {
 	}
 }
 
-// onWriter fails the test unless (nearly) every read was served by the writer.
-func (w *workload) onWriter(t *testing.T) {
+// onPrimary fails the test unless (nearly) every read was served by the primary.
+func (w *workload) onPrimary(t *testing.T) {
 	t.Helper()
 	if share := w.replicaShare(); share > maxLuckyShare {
 		t.Fatalf("%.1f%% of reads served by replicas 100ms behind with a 10ms budget", share*100)
@@ -141,7 +141,7 @@ func (w *workload) onWriter(t *testing.T) {
 // once reads it back through the same *sql.DB.
 func insertThenRead(t *testing.T, db *sql.DB, table string, workers, iterations int) *workload {
 	t.Helper()
-	writerPort := cluster.Writer.Port
+	primaryPort := cluster.Writer.Port
 	var w workload
 	var wg sync.WaitGroup
 	var id atomic.Int64
@@ -169,7 +169,7 @@ func insertThenRead(t *testing.T, db *sql.DB, table string, workers, iterations 
 				case v != int(k*10):
 					w.stale.Add(1)
 				}
-				if port != writerPort {
+				if port != primaryPort {
 					w.onReplica.Add(1)
 				}
 			}
@@ -197,12 +197,12 @@ func TestIntegrationReadYourWrites(t *testing.T) {
 	w.onReplicas(t)
 }
 
-func TestIntegrationShortBudgetReadsWriter(t *testing.T) {
+func TestIntegrationShortBudgetReadsPrimary(t *testing.T) {
 	setDelay(t, 100*time.Millisecond)
 	db, c := openDB(t, "wait_timeout=10ms")
 	w := insertThenRead(t, db, newTable(t), workers, iterations)
 	w.fresh(t, c)
-	w.onWriter(t)
+	w.onPrimary(t)
 }
 
 func TestIntegrationOnTimeoutError(t *testing.T) {
@@ -255,7 +255,7 @@ func TestIntegrationTransactionsAndSessions(t *testing.T) {
 				return v, port != cluster.Writer.Port
 			}
 
-			// A read-write transaction runs on the writer; its commit moves the watermark.
+			// A read-write transaction runs on the primary; its commit moves the watermark.
 			conn, err := db.Conn(ctx)
 			if err != nil {
 				t.Fatal(err)

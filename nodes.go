@@ -13,7 +13,7 @@ import (
 // answered, and whether it is still a standby. Every connection that talks to
 // the node updates it, so one connection's wait teaches the others.
 type node struct {
-	index int // replica index; -1 for the writer
+	index int // replica index; -1 for the primary
 	addr  string
 	host  string
 	port  uint16
@@ -52,7 +52,7 @@ func (n *node) markDown() {
 
 // topology holds every node of one connector.
 type topology struct {
-	writer   *node
+	primary  *node
 	replicas []*node
 	next     atomic.Uint32 // rotates the starting replica between reads
 	hist     history
@@ -98,10 +98,10 @@ func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) (best *n
 	return best, false
 }
 
-// history remembers when the writer was seen at which WAL positions (from
+// history remembers when the primary was seen at which WAL positions (from
 // captures and the monitor), so a replica's replay position can be turned
 // into a lag in time: a replica that has replayed P, observed at t, while the
-// writer was already past P at T, is at least t−T behind. All times are this
+// primary was already past P at T, is at least t−T behind. All times are this
 // process's clock; no server clocks are compared.
 type history struct {
 	mu   sync.Mutex
@@ -113,7 +113,7 @@ type history struct {
 
 const historySize = 256
 
-// add records that the writer was at l at time t. Positions only rise.
+// add records that the primary was at l at time t. Positions only rise.
 func (h *history) add(l lsn.LSN, t int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -134,7 +134,7 @@ func (h *history) add(l lsn.LSN, t int64) {
 	h.lsn[i], h.at[i] = uint64(l), t
 }
 
-// firstAfter returns the time the writer was first seen past l (strictly if
+// firstAfter returns the time the primary was first seen past l (strictly if
 // strict, else at or past), and false when it never was (as far as we know).
 func (h *history) firstAfter(l lsn.LSN, strict bool) (int64, bool) {
 	h.mu.Lock()
@@ -167,7 +167,7 @@ func (t *topology) observe(n *node, p lsn.LSN, at int64) {
 
 // reached records that n was seen at or past target at time at (a wait
 // succeeded). The lag can only have been as long as the time since the
-// writer was first seen at target.
+// primary was first seen at target.
 func (t *topology) reached(n *node, target lsn.LSN, at int64) {
 	n.sawReplay(target)
 	if T, ok := t.hist.firstAfter(target, false); ok {
@@ -183,11 +183,11 @@ func (n *node) setLag(d, at int64) {
 }
 
 // lagFresh bounds how old a lag measurement may be and still send reads to
-// the writer without trying the replica.
+// the primary without trying the replica.
 const lagFresh = int64(time.Second)
 
 // eta returns when n is expected to have replayed wm, by its last measured
-// lag: wm was first seen on the writer at T, so n gets there at about T+lag
+// lag: wm was first seen on the primary at T, so n gets there at about T+lag
 // at the earliest. ok is false without a fresh lag or a known T.
 func (t *topology) eta(n *node, wm lsn.LSN) (at int64, ok bool) {
 	lagAt := n.lagAt.Load()

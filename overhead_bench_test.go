@@ -57,7 +57,7 @@ func BenchmarkNoReplicasOverhead(b *testing.B) {
 }
 
 // BenchmarkWriteOverhead runs the same autocommit insert through pgx's
-// driver and through pgryw with replicas (which reads the writer's WAL
+// driver and through pgryw with replicas (which reads the primary's WAL
 // position in the same flush), alternating in one loop, and reports pgryw's
 // time as a ratio of pgx's.
 func BenchmarkWriteOverhead(b *testing.B) {

@@ -24,7 +24,7 @@ import (
 // the same flush as the read (PolarDB's proxy splices them into the read's
 // own query message; the settings are session-level, so the effect is the
 // same), and maps on_timeout onto the modes: stale is best_effort, primary
-// and error are strict, after which the read goes to the writer or fails
+// and error are strict, after which the read goes to the primary or fails
 // with ErrReplicaBehind. Both operands are formatted from numbers pgryw
 // holds.
 //

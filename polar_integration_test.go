@@ -91,7 +91,7 @@ func TestIntegrationPolarWait(t *testing.T) {
 			switch policy {
 			case "primary":
 				if err != nil || n != 1 || s.Fallbacks != 1 {
-					t.Fatalf("strict timeout should read the writer: n=%d err=%v %+v", n, err, s)
+					t.Fatalf("strict timeout should read the primary: n=%d err=%v %+v", n, err, s)
 				}
 			case "error":
 				if !errors.Is(err, pgryw.ErrReplicaBehind) {

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// redactCases: what Config.String() shows for a writer string. want "" means
+// redactCases: what Config.String() shows for a primary string. want "" means
 // only that "hunter2" must not appear.
 var redactCases = []struct{ dsn, want string }{
 	{"postgres://u:hunter2@h/db", "postgres://u:xxxxx@h/db"},
@@ -52,7 +52,7 @@ var redactCases = []struct{ dsn, want string }{
 
 func TestRedactDSN(t *testing.T) {
 	for _, c := range redactCases {
-		got := (&Config{Writer: c.dsn, ReadYourWrites: true, WaitTimeout: DefaultWaitTimeout}).String()
+		got := (&Config{Primary: c.dsn, ReadYourWrites: true, WaitTimeout: DefaultWaitTimeout}).String()
 		if got != c.want {
 			t.Errorf("String() of %q\n got %q\nwant %q", c.dsn, got, c.want)
 		}
@@ -132,16 +132,16 @@ func TestParseDSNErrorsHideSecrets(t *testing.T) {
 func TestFormatDSNPasswordWithQueryChars(t *testing.T) {
 	for _, w := range []string{"postgres://u:p?x@h/db", "postgres://u:p#x@h/db?sslmode=disable", "postgres://u@h/db?password=a%23b#c"} {
 		cfg := NewConfig()
-		cfg.Writer = w
+		cfg.Primary = w
 		cfg.Replicas = []string{"r1"}
 		back, err := ParseDSN(cfg.FormatDSN())
 		if err != nil {
 			t.Fatalf("%q: %v", cfg.FormatDSN(), err)
 		}
 		want, _ := pgx.ParseConfig(w)
-		got, _ := pgx.ParseConfig(back.Writer)
-		if back.Writer != w || len(back.Replicas) != 1 || want == nil || got == nil || got.Password != want.Password {
-			t.Errorf("round trip of %q via %q: writer %q replicas %v", w, cfg.FormatDSN(), back.Writer, back.Replicas)
+		got, _ := pgx.ParseConfig(back.Primary)
+		if back.Primary != w || len(back.Replicas) != 1 || want == nil || got == nil || got.Password != want.Password {
+			t.Errorf("round trip of %q via %q: primary %q replicas %v", w, cfg.FormatDSN(), back.Primary, back.Replicas)
 		}
 	}
 }
@@ -161,7 +161,7 @@ func noMarker(s string) string {
 // FuzzRedact builds DSNs in both forms, every part written correctly but
 // otherwise from fuzz input, with a secret around a marker in one of the
 // places secrets go, and checks that neither String() nor ParseDSN's error
-// shows the marker. It also feeds the raw input as a writer string: String()
+// shows the marker. It also feeds the raw input as a primary string: String()
 // must not panic, and whatever pgx reads from its output has no password
 // but xxxxx.
 func FuzzRedact(f *testing.F) {
@@ -208,7 +208,7 @@ func FuzzRedact(f *testing.F) {
 			sep := []string{"=", " = ", "=\t", "\t=  "}[int(form/4)%4]
 			dsn = "host=" + quoteKV(host) + " " + k + "=" + quoteKV(val) + " " + kvKeys[int(form/16)%len(kvKeys)] + sep + q + " dbname=" + quoteKV(db)
 		}
-		cfg := &Config{Writer: dsn, ReadYourWrites: true, WaitTimeout: DefaultWaitTimeout}
+		cfg := &Config{Primary: dsn, ReadYourWrites: true, WaitTimeout: DefaultWaitTimeout}
 		if s := cfg.String(); strings.Contains(s, secretMarker) {
 			t.Fatalf("String() of %q shows the secret: %q", dsn, s)
 		}

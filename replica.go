@@ -45,23 +45,23 @@ func (cn *Conn) dropReplica(b *backend) {
 	b.close()
 }
 
-// errUseWriter tells callers that a read belongs on the writer after all; it
+// errUsePrimary tells callers that a read belongs on the primary after all; it
 // never reaches the application.
-var errUseWriter = errors.New("pgryw: use the writer")
+var errUsePrimary = errors.New("pgryw: use the primary")
 
 // nextReplica picks and connects a replica for a read that needs wm. check
 // reports that the replica is not known to have replayed wm: the caller must
-// check (or wait) on it before using its answer. It returns errUseWriter when
+// check (or wait) on it before using its answer. It returns errUsePrimary when
 // no replica is usable, and applies on_timeout at once when every usable
 // replica is known to be too far behind to catch up within the budget (so a
 // lag event does not hold a replica connection per read for the whole
-// budget): errUseWriter, a *ReplicaBehindError, or (stale) the least behind
+// budget): errUsePrimary, a *ReplicaBehindError, or (stale) the least behind
 // replica with check false.
 func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64) (b *backend, check bool, err error) {
 	for {
 		n, hopeless := cn.c.topo.pick(wm, *tried, cn.c.budget(ctx))
 		if n == nil {
-			return nil, false, errUseWriter
+			return nil, false, errUsePrimary
 		}
 		if hopeless {
 			if err := cn.behind(n, wm); err != nil {
@@ -85,7 +85,7 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64) (b *
 }
 
 // behind decides what a read does when replica n did not (or, by its
-// measured lag, will not) replay wm in time: errUseWriter
+// measured lag, will not) replay wm in time: errUsePrimary
 // (on_timeout=primary), a *ReplicaBehindError (on_timeout=error), or nil to
 // serve the replica's rows anyway (on_timeout=stale).
 func (cn *Conn) behind(n *node, wm lsn.LSN) error {
@@ -101,7 +101,7 @@ func (cn *Conn) behind(n *node, wm lsn.LSN) error {
 		cn.c.stats.staleReads.Add(1)
 		return nil
 	}
-	return errUseWriter
+	return errUsePrimary
 }
 
 // attempt is one read on one replica: its answer, until used or discarded.
@@ -149,7 +149,7 @@ func (a *attempt) drop() {
 
 // finish settles a read that was served: it reads the replay position that
 // rode behind it and raises the connection's floor to it. Without one, the
-// floor is marked lost and the next replica read captures a writer position
+// floor is marked lost and the next replica read captures a primary position
 // first.
 func (a *attempt) finish() {
 	cn, b, inj := a.cn, a.b, a.post
@@ -174,7 +174,7 @@ func (a *attempt) finish() {
 	l, known, inRecovery, err := parsePoll(row, null)
 	if err != nil || !known || !inRecovery {
 		// Promoted while reading: the read may have seen writes of the new
-		// history; only a writer position bounds it.
+		// history; only a primary position bounds it.
 		if err == nil && !inRecovery {
 			b.node.notStandby.Store(true)
 		}
@@ -212,25 +212,25 @@ const pipelinedAttempts = 4
 // its rows are closed for Query) to learn what the read saw. A read-only
 // transaction's BEGIN goes this way too, with query "" and no trail.
 //
-// onReplica reports onWriter when the statement must run on the writer
+// onReplica reports onPrimary when the statement must run on the primary
 // instead: no replica is ready in time (on_timeout=primary), or a replica
 // refused it as a write (SQLSTATE 25006, which means nothing ran; cls is
 // updated). A replica whose connection fails is dropped and the next one
 // tried: a read is safe to send again.
-func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, trail bool, run func(*backend) (func(), error)) (onWriter bool, done func(), err error) {
+func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, trail bool, run func(*backend) (func(), error)) (onPrimary bool, done func(), err error) {
 	wm, err := cn.watermark(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, nil, ctx.Err()
 		}
-		return cn.toWriter(), nil, nil
+		return cn.toPrimary(), nil, nil
 	}
 	var tried uint64
 	retriedStale := false
 	for {
 		b, check, err := cn.nextReplica(ctx, wm, &tried)
-		if errors.Is(err, errUseWriter) {
-			return cn.toWriter(), nil, nil
+		if errors.Is(err, errUsePrimary) {
+			return cn.toPrimary(), nil, nil
 		}
 		if err != nil {
 			return false, nil, err
@@ -272,8 +272,8 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		case waitTimeout, waitBehind:
 			if perr := cn.behind(b.node, wm); perr != nil {
 				a.drop()
-				if perr == errUseWriter {
-					return cn.toWriter(), nil, nil
+				if perr == errUsePrimary {
+					return cn.toPrimary(), nil, nil
 				}
 				return false, nil, perr
 			}
@@ -309,10 +309,10 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		if isPg && refusedByStandby(pgErr) {
 			// Nothing ran: the standby refused to start the transaction
 			// (a database or role default of SERIALIZABLE, say). The
-			// writer can run it.
+			// primary can run it.
 			a.drop()
 			b.node.markRefused()
-			return cn.toWriter(), nil, nil
+			return cn.toPrimary(), nil, nil
 		}
 		if isPg && isStaleDescription(pgErr) {
 			// A description pgx cached before a schema change (the
@@ -389,9 +389,9 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResu
 	}
 }
 
-// toWriter counts a read sent to the writer instead of a replica.
-func (cn *Conn) toWriter() bool {
-	cn.c.stats.writerReads.Add(1)
+// toPrimary counts a read sent to the primary instead of a replica.
+func (cn *Conn) toPrimary() bool {
+	cn.c.stats.primaryReads.Add(1)
 	cn.c.stats.fallbacks.Add(1)
 	return true
 }

@@ -63,7 +63,7 @@ func TestRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	insert := "INSERT INTO " + table + " (id, v) VALUES ($1, $2)"
 	read := "SELECT v FROM " + table + " WHERE id = $1"
-	writerPort := uint16(cluster.Writer.Port)
+	primaryPort := uint16(cluster.Writer.Port)
 
 	snapshot := func() map[uint16]int64 {
 		mu.Lock()
@@ -74,10 +74,10 @@ func TestRoundTrips(t *testing.T) {
 		}
 		return m
 	}
-	delta := func(before map[uint16]int64) (writer, replicas int64) {
+	delta := func(before map[uint16]int64) (primary, replicas int64) {
 		for p, n := range snapshot() {
-			if p == writerPort {
-				writer += n - before[p]
+			if p == primaryPort {
+				primary += n - before[p]
 			} else {
 				replicas += n - before[p]
 			}
@@ -127,7 +127,7 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	if w, r := delta(b); w != 1 || r != 0 {
-		t.Errorf("autocommit write: %d round trips to the writer, %d to replicas; want 1 and 0", w, r)
+		t.Errorf("autocommit write: %d round trips to the primary, %d to replicas; want 1 and 0", w, r)
 	}
 
 	// Replica known to be caught up: the read goes alone.
@@ -140,7 +140,7 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatalf("read: v=%d err=%v", v, err)
 	}
 	if w, r := delta(b); w != 0 || r != 1 {
-		t.Errorf("read, replica known caught up: %d round trips to the writer, %d to replicas; want 0 and 1", w, r)
+		t.Errorf("read, replica known caught up: %d round trips to the primary, %d to replicas; want 0 and 1", w, r)
 	}
 
 	// Replica caught up but not known to be: check and read in one flush.
@@ -156,7 +156,7 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatalf("read: v=%d err=%v", v, err)
 	}
 	if w, r := delta(b); w != 0 || r != 1 {
-		t.Errorf("read, replica not known caught up: %d round trips to the writer, %d to replicas; want 0 and 1 (%+v -> %+v)", w, r, st0, c.Stats())
+		t.Errorf("read, replica not known caught up: %d round trips to the primary, %d to replicas; want 0 and 1 (%+v -> %+v)", w, r, st0, c.Stats())
 	}
 
 	// A read-only transaction after a write: its check rides with BEGIN,
@@ -179,7 +179,7 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	if w, r := delta(b); w != 0 || r != 3 {
-		t.Errorf("read-only transaction: %d round trips to the writer, %d to replicas; want 0 and 3", w, r)
+		t.Errorf("read-only transaction: %d round trips to the primary, %d to replicas; want 0 and 3", w, r)
 	}
 
 	// A transaction: BEGIN, INSERT, and COMMIT with its capture: three.
@@ -195,7 +195,7 @@ func TestRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	if w, r := delta(b); w != 3 || r != 0 {
-		t.Errorf("transaction: %d round trips to the writer, %d to replicas; want 3 and 0", w, r)
+		t.Errorf("transaction: %d round trips to the primary, %d to replicas; want 3 and 0", w, r)
 	}
 	if st := c.Stats(); st.Captures < 9 || st.CaptureFailures != 0 {
 		t.Errorf("stats %+v", st)

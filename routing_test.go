@@ -1,6 +1,6 @@
 package pgryw
 
-// Routing tests: go-sqlmock connections stand in for the writer and the
+// Routing tests: go-sqlmock connections stand in for the primary and the
 // replicas, and each test states the exact statement sequence every node must
 // see. Query text is matched exactly.
 
@@ -23,12 +23,12 @@ var mockSeq atomic.Int64
 type mockCluster struct {
 	c        *Connector
 	db       *sql.DB
-	writer   sqlmock.Sqlmock
+	primary  sqlmock.Sqlmock
 	replicas []sqlmock.Sqlmock
-	dials    []int // per node (writer last)
+	dials    []int // per node (primary last)
 }
 
-// newMockCluster builds a connector whose writer and n replicas are sqlmock
+// newMockCluster builds a connector whose primary and n replicas are sqlmock
 // connections. extra is appended to the DSN.
 func newMockCluster(t *testing.T, n int, extra string) *mockCluster {
 	t.Helper()
@@ -36,7 +36,7 @@ func newMockCluster(t *testing.T, n int, extra string) *mockCluster {
 	for i := 0; i < n; i++ {
 		addrs = append(addrs, fmt.Sprintf("replica%d.invalid:5433", i))
 	}
-	dsn := "host=writer.invalid user=app password=hunter2 dbname=app " + extra
+	dsn := "host=primary.invalid user=app password=hunter2 dbname=app " + extra
 	if n > 0 {
 		dsn += " replicas=" + strings.Join(addrs, ",")
 	}
@@ -64,7 +64,7 @@ func newMockCluster(t *testing.T, n int, extra string) *mockCluster {
 		}
 		return m, dc
 	}
-	mc.writer, conns[n] = mk()
+	mc.primary, conns[n] = mk()
 	for i := 0; i < n; i++ {
 		var m sqlmock.Sqlmock
 		m, conns[i] = mk()
@@ -89,8 +89,8 @@ func newMockCluster(t *testing.T, n int, extra string) *mockCluster {
 
 func (mc *mockCluster) verify(t *testing.T) {
 	t.Helper()
-	if err := mc.writer.ExpectationsWereMet(); err != nil {
-		t.Errorf("writer: %v", err)
+	if err := mc.primary.ExpectationsWereMet(); err != nil {
+		t.Errorf("primary: %v", err)
 	}
 	for i, r := range mc.replicas {
 		if err := r.ExpectationsWereMet(); err != nil {
@@ -120,10 +120,10 @@ const (
 	selectSQL = "SELECT v FROM t WHERE id = $1"
 )
 
-// write runs the insert on the writer and expects the capture after it.
+// write runs the insert on the primary and expects the capture after it.
 func (mc *mockCluster) expectWrite(pos string) {
-	mc.writer.ExpectExec(insertSQL).WithArgs(1).WillReturnResult(sqlmock.NewResult(0, 1))
-	mc.writer.ExpectQuery(sqlCapture).WillReturnRows(lsnRow(pos))
+	mc.primary.ExpectExec(insertSQL).WithArgs(1).WillReturnResult(sqlmock.NewResult(0, 1))
+	mc.primary.ExpectQuery(sqlCapture).WillReturnRows(lsnRow(pos))
 }
 
 func readOne(t *testing.T, q interface {
@@ -183,7 +183,7 @@ func TestWaitForStatuses(t *testing.T) {
 			if tc.onReplica {
 				mc.replicas[0].ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 			} else {
-				mc.writer.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
+				mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 			}
 			if _, err := mc.db.Exec(insertSQL, int64(1)); err != nil {
 				t.Fatal(err)
@@ -208,7 +208,7 @@ func TestTimeoutPolicies(t *testing.T) {
 				WillReturnRows(statusRow("timeout"))
 			switch policy {
 			case "primary":
-				mc.writer.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
+				mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 			case "stale":
 				mc.replicas[0].ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(0))
 			}
@@ -241,14 +241,14 @@ func TestPollTimeoutFallsBack(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		mc.replicas[0].ExpectQuery(sqlPoll).WillReturnRows(pollRow("0/3000000", true))
 	}
-	mc.writer.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
+	mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	if _, err := mc.db.Exec(insertSQL, int64(1)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := readOne(t, mc.db); err != nil {
 		t.Fatal(err)
 	}
-	if err := mc.writer.ExpectationsWereMet(); err != nil {
+	if err := mc.primary.ExpectationsWereMet(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -258,8 +258,8 @@ func TestPollTimeoutFallsBack(t *testing.T) {
 // next replica read, which then waits for it.
 func TestFailedWriteCoversItsPosition(t *testing.T) {
 	mc := newMockCluster(t, 1, "wait_method=poll")
-	mc.writer.ExpectExec(insertSQL).WithArgs(1).WillReturnError(errors.New("boom"))
-	mc.writer.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/3000100"))
+	mc.primary.ExpectExec(insertSQL).WithArgs(1).WillReturnError(errors.New("boom"))
+	mc.primary.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/3000100"))
 	mc.replicas[0].ExpectQuery(sqlPoll).WillReturnRows(pollRow("0/3000100", true))
 	mc.replicas[0].ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	if _, err := mc.db.Exec(insertSQL, int64(1)); err == nil {
@@ -273,7 +273,7 @@ func TestFailedWriteCoversItsPosition(t *testing.T) {
 
 func TestReadYourWritesOff(t *testing.T) {
 	mc := newMockCluster(t, 1, "read_your_writes=off")
-	mc.writer.ExpectExec(insertSQL).WithArgs(1).WillReturnResult(sqlmock.NewResult(0, 1))
+	mc.primary.ExpectExec(insertSQL).WithArgs(1).WillReturnResult(sqlmock.NewResult(0, 1))
 	mc.replicas[0].ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	if _, err := mc.db.Exec(insertSQL, int64(1)); err != nil {
 		t.Fatal(err)
@@ -286,8 +286,8 @@ func TestReadYourWritesOff(t *testing.T) {
 
 func TestNoReplicasPassesThrough(t *testing.T) {
 	mc := newMockCluster(t, 0, "")
-	mc.writer.ExpectExec(insertSQL).WithArgs(1).WillReturnResult(sqlmock.NewResult(0, 1))
-	mc.writer.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
+	mc.primary.ExpectExec(insertSQL).WithArgs(1).WillReturnResult(sqlmock.NewResult(0, 1))
+	mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	if _, err := mc.db.Exec(insertSQL, int64(1)); err != nil {
 		t.Fatal(err)
 	}
@@ -299,15 +299,15 @@ func TestNoReplicasPassesThrough(t *testing.T) {
 
 func TestReadWriteTransaction(t *testing.T) {
 	mc := newMockCluster(t, 1, "wait_method=poll")
-	mc.writer.ExpectBegin()
-	mc.writer.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
-	mc.writer.ExpectExec(insertSQL).WithArgs(1).WillReturnResult(sqlmock.NewResult(0, 1))
-	mc.writer.ExpectCommit()
-	mc.writer.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/5000000"))
+	mc.primary.ExpectBegin()
+	mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
+	mc.primary.ExpectExec(insertSQL).WithArgs(1).WillReturnResult(sqlmock.NewResult(0, 1))
+	mc.primary.ExpectCommit()
+	mc.primary.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/5000000"))
 	// A rolled-back transaction moves nothing.
-	mc.writer.ExpectBegin()
-	mc.writer.ExpectExec(insertSQL).WithArgs(1).WillReturnResult(sqlmock.NewResult(0, 1))
-	mc.writer.ExpectRollback()
+	mc.primary.ExpectBegin()
+	mc.primary.ExpectExec(insertSQL).WithArgs(1).WillReturnResult(sqlmock.NewResult(0, 1))
+	mc.primary.ExpectRollback()
 	mc.replicas[0].ExpectQuery(sqlPoll).WillReturnRows(pollRow("0/5000000", true))
 	mc.replicas[0].ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 
@@ -360,10 +360,10 @@ func TestReadOnlyTransactionWaitsBeforeBegin(t *testing.T) {
 	mc.verify(t)
 }
 
-func TestSessionStatePinsToWriter(t *testing.T) {
+func TestSessionStatePinsToPrimary(t *testing.T) {
 	mc := newMockCluster(t, 1, "")
-	mc.writer.ExpectExec("SET search_path = app").WillReturnResult(sqlmock.NewResult(0, 0))
-	mc.writer.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
+	mc.primary.ExpectExec("SET search_path = app").WillReturnResult(sqlmock.NewResult(0, 0))
+	mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	if _, err := mc.db.Exec("SET search_path = app"); err != nil {
 		t.Fatal(err)
 	}
@@ -376,8 +376,8 @@ func TestSessionStatePinsToWriter(t *testing.T) {
 func TestHints(t *testing.T) {
 	mc := newMockCluster(t, 1, "")
 	q := selectSQL + " /* pgryw:primary */"
-	mc.writer.ExpectQuery(q).WithArgs(7).WillReturnRows(valueRow(1))
-	mc.writer.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
+	mc.primary.ExpectQuery(q).WithArgs(7).WillReturnRows(valueRow(1))
+	mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	var v int
 	if err := mc.db.QueryRow(q, int64(7)).Scan(&v); err != nil {
 		t.Fatal(err)
@@ -402,10 +402,10 @@ func TestReplicaRefusalLearnsWrite(t *testing.T) {
 	mc := newMockCluster(t, 1, "read_functions=audit_touch")
 	q := "SELECT audit_touch($1)"
 	mc.replicas[0].ExpectQuery(q).WithArgs(7).WillReturnError(pgError("25006"))
-	mc.writer.ExpectQuery(q).WithArgs(7).WillReturnRows(valueRow(1))
-	mc.writer.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/6000000"))
-	mc.writer.ExpectQuery(q).WithArgs(7).WillReturnRows(valueRow(1))
-	mc.writer.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/6000010"))
+	mc.primary.ExpectQuery(q).WithArgs(7).WillReturnRows(valueRow(1))
+	mc.primary.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/6000000"))
+	mc.primary.ExpectQuery(q).WithArgs(7).WillReturnRows(valueRow(1))
+	mc.primary.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/6000010"))
 	for i := 0; i < 2; i++ {
 		var v int
 		if err := mc.db.QueryRow(q, int64(7)).Scan(&v); err != nil {
@@ -425,7 +425,7 @@ func TestUnreachableReplicaFallsBack(t *testing.T) {
 			return orig(ctx, n)
 		}
 	}(mc.c.dial)
-	mc.writer.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
+	mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	if _, err := readOne(t, mc.db); err != nil {
 		t.Fatal(err)
 	}
@@ -442,15 +442,15 @@ func pgError(code string) error {
 func TestExecBeginCommit(t *testing.T) {
 	mc := newMockCluster(t, 1, "wait_method=poll")
 	// A block that wrote: its COMMIT moves the watermark.
-	mc.writer.ExpectExec("BEGIN").WillReturnResult(sqlmock.NewResult(0, 0))
-	mc.writer.ExpectExec(insertSQL).WithArgs(int64(1)).WillReturnResult(sqlmock.NewResult(0, 1))
-	mc.writer.ExpectQuery(selectSQL).WithArgs(int64(7)).WillReturnRows(valueRow(1)) // inside the block: writer
-	mc.writer.ExpectExec("COMMIT").WillReturnResult(sqlmock.NewResult(0, 0))
-	mc.writer.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/7000000"))
+	mc.primary.ExpectExec("BEGIN").WillReturnResult(sqlmock.NewResult(0, 0))
+	mc.primary.ExpectExec(insertSQL).WithArgs(int64(1)).WillReturnResult(sqlmock.NewResult(0, 1))
+	mc.primary.ExpectQuery(selectSQL).WithArgs(int64(7)).WillReturnRows(valueRow(1)) // inside the block: primary
+	mc.primary.ExpectExec("COMMIT").WillReturnResult(sqlmock.NewResult(0, 0))
+	mc.primary.ExpectQuery(sqlCapture).WillReturnRows(lsnRow("0/7000000"))
 	// A block that only read: its COMMIT moves nothing.
-	mc.writer.ExpectExec("BEGIN").WillReturnResult(sqlmock.NewResult(0, 0))
-	mc.writer.ExpectQuery(selectSQL).WithArgs(int64(7)).WillReturnRows(valueRow(1))
-	mc.writer.ExpectExec("COMMIT").WillReturnResult(sqlmock.NewResult(0, 0))
+	mc.primary.ExpectExec("BEGIN").WillReturnResult(sqlmock.NewResult(0, 0))
+	mc.primary.ExpectQuery(selectSQL).WithArgs(int64(7)).WillReturnRows(valueRow(1))
+	mc.primary.ExpectExec("COMMIT").WillReturnResult(sqlmock.NewResult(0, 0))
 
 	ctx := context.Background()
 	conn, err := mc.db.Conn(ctx)
@@ -485,7 +485,7 @@ func TestWithReplicaContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	mc.writer.ExpectExec("SET search_path = app").WillReturnResult(sqlmock.NewResult(0, 0))
+	mc.primary.ExpectExec("SET search_path = app").WillReturnResult(sqlmock.NewResult(0, 0))
 	mc.replicas[0].ExpectQuery(selectSQL).WithArgs(int64(7)).WillReturnRows(valueRow(1))
 	if _, err := conn.ExecContext(context.Background(), "SET search_path = app"); err != nil {
 		t.Fatal(err)

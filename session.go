@@ -59,7 +59,7 @@ const (
 )
 
 // WithPrimary returns a context that sends every statement run with it to the
-// writer, whatever its classification. Use it for reads that must see other
+// primary, whatever its classification. Use it for reads that must see other
 // sessions' latest writes too.
 func WithPrimary(ctx context.Context) context.Context {
 	return context.WithValue(ctx, ctxPrimary, true)
@@ -71,7 +71,7 @@ func wantsPrimary(ctx context.Context) bool {
 }
 
 // WithReplica returns a context that sends reads run with it to a replica
-// even on a connection pinned to the writer by session state, like a
+// even on a connection pinned to the primary by session state, like a
 // /* pgryw:replica */ comment; a statement that writes is refused with
 // ErrReplicaHint. The read still waits for the session's watermark.
 func WithReplica(ctx context.Context) context.Context {

@@ -56,7 +56,7 @@ func named(args []driver.Value) []driver.NamedValue {
 }
 
 // tx is a database/sql transaction. A read-write transaction runs wholly on
-// the writer; a read-only one may run wholly on a replica that was made to
+// the primary; a read-only one may run wholly on a replica that was made to
 // catch up before BEGIN (a snapshot taken after BEGIN under REPEATABLE READ
 // would otherwise be older than the watermark).
 type tx struct {
@@ -73,13 +73,13 @@ type tx struct {
 // BeginTx implements driver.ConnBeginTx.
 func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if cn.c.plain {
-		return cn.writer.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+		return cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 	}
 	// A standby refuses SERIALIZABLE ("cannot use serializable mode in a
 	// hot standby"), so a read-only serializable transaction runs on the
-	// writer, where it means what it says.
+	// primary, where it means what it says.
 	serializable := sql.IsolationLevel(opts.Isolation) == sql.LevelSerializable
-	if opts.ReadOnly && !serializable && !cn.pinned && !wantsPrimary(ctx) && cn.writer.idle() {
+	if opts.ReadOnly && !serializable && !cn.pinned && !wantsPrimary(ctx) && cn.primary.idle() {
 		// BEGIN is routed like a read: the replica's check rides in front
 		// of it, so the snapshot, taken by the transaction's first
 		// statement, is no older than the watermark. A failed check rolls
@@ -89,7 +89,7 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 			on    *backend
 			none  sqlclass.Result
 		)
-		onWriter, _, err := cn.onReplica(ctx, "", &none, false, func(b *backend) (func(), error) {
+		onPrimary, _, err := cn.onReplica(ctx, "", &none, false, func(b *backend) (func(), error) {
 			t, err := b.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 			if err != nil {
 				return nil, err
@@ -100,17 +100,17 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 		if err != nil {
 			return nil, err
 		}
-		if !onWriter {
+		if !onPrimary {
 			cn.tx = &tx{cn: cn, b: on, inner: inner, ctx: ctx, onReplica: true, opts: opts}
 			return cn.tx, nil
 		}
 	}
-	inner, err := cn.writer.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	inner, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
-	cn.writer.txOpen = true
-	cn.tx = &tx{cn: cn, b: cn.writer, inner: inner, ctx: ctx, opts: opts}
+	cn.primary.txOpen = true
+	cn.tx = &tx{cn: cn, b: cn.primary, inner: inner, ctx: ctx, opts: opts}
 	return cn.tx, nil
 }
 
@@ -130,7 +130,7 @@ func (t *tx) note(query string, err error) {
 func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	res, err := t.b.exec(ctx, query, args)
 	if t.refused(err) {
-		if err = t.moveToWriter(); err == nil {
+		if err = t.moveToPrimary(); err == nil {
 			res, err = t.b.exec(ctx, query, args)
 		}
 	}
@@ -142,7 +142,7 @@ func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue) (
 func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	rows, err := t.b.query(ctx, query, args)
 	if t.refused(err) {
-		if err = t.moveToWriter(); err == nil {
+		if err = t.moveToPrimary(); err == nil {
 			rows, err = t.b.query(ctx, query, args)
 		}
 	}
@@ -160,21 +160,21 @@ func (t *tx) refused(err error) bool {
 	return t.onReplica && !t.ran && errors.As(err, &pgErr) && refusedByStandby(pgErr)
 }
 
-// moveToWriter ends the replica's transaction, in which nothing ran, and
-// begins the same one on the writer, where the statement runs instead.
-func (t *tx) moveToWriter() error {
+// moveToPrimary ends the replica's transaction, in which nothing ran, and
+// begins the same one on the primary, where the statement runs instead.
+func (t *tx) moveToPrimary() error {
 	t.b.node.markRefused()
 	t.inner.Rollback()
 	cn := t.cn
-	inner, err := cn.writer.conn.(driver.ConnBeginTx).BeginTx(t.ctx, t.opts)
+	inner, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(t.ctx, t.opts)
 	if err != nil {
 		cn.tx = nil
 		return err
 	}
-	cn.writer.txOpen = true
-	cn.c.stats.writerReads.Add(1)
+	cn.primary.txOpen = true
+	cn.c.stats.primaryReads.Add(1)
 	cn.c.stats.fallbacks.Add(1)
-	t.inner, t.b, t.onReplica = inner, cn.writer, false
+	t.inner, t.b, t.onReplica = inner, cn.primary, false
 	return nil
 }
 
@@ -209,9 +209,9 @@ func (t *tx) end(f func() error, commit bool) error {
 	if commit {
 		end = sqlclass.Result{Tx: sqlclass.TxCommit, Write: t.wrote}
 	}
-	ws := cn.beforeWriterCommits(&end, commit && t.wrote)
+	ws := cn.beforePrimaryCommits(&end, commit && t.wrote)
 	err := f()
-	cn.afterWriter(t.ctx, &ws, err)
+	cn.afterPrimary(t.ctx, &ws, err)
 	return err
 }
 

@@ -50,7 +50,7 @@ const (
 	waitBehind                       // a one-off check found it behind (polling may still catch up)
 )
 
-// capture reads the writer's WAL insert position with a round trip of its
+// capture reads the primary's WAL insert position with a round trip of its
 // own. Call it only after a commit has returned.
 func capture(ctx context.Context, b *backend) (lsn.LSN, error) {
 	row, _, err := b.control(ctx, sqlCapture)
@@ -63,15 +63,15 @@ func capture(ctx context.Context, b *backend) (lsn.LSN, error) {
 // parseCapture reads sqlCapture's row.
 func parseCapture(row []string) (lsn.LSN, error) {
 	if len(row) != 2 {
-		return 0, fmt.Errorf("pgryw: writer position query returned %d columns", len(row))
+		return 0, fmt.Errorf("pgryw: primary position query returned %d columns", len(row))
 	}
 	l, err := lsn.Parse(row[0])
 	if err != nil {
-		return 0, fmt.Errorf("pgryw: writer returned an unreadable WAL position: %w", err)
+		return 0, fmt.Errorf("pgryw: primary returned an unreadable WAL position: %w", err)
 	}
 	bs, err := strconv.ParseUint(row[1], 10, 32)
 	if err != nil || bs == 0 {
-		return 0, fmt.Errorf("pgryw: writer returned an unreadable wal_block_size %q", clip(row[1]))
+		return 0, fmt.Errorf("pgryw: primary returned an unreadable wal_block_size %q", clip(row[1]))
 	}
 	return adjustInsertLSN(l, bs), nil
 }

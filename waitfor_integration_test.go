@@ -57,7 +57,7 @@ func TestIntegrationWaitForPath(t *testing.T) {
 		db, c, _ := openWaitForDB(t, "wait_timeout=10ms")
 		w := insertThenRead(t, db, newTable(t), workers, 50)
 		w.fresh(t, c)
-		w.onWriter(t)
+		w.onPrimary(t)
 	})
 	t.Run("on_timeout=error", func(t *testing.T) {
 		db, _, _ := openWaitForDB(t, "wait_timeout=10ms&on_timeout=error")

@@ -4,7 +4,7 @@
 // Each worker inserts a fresh row on the primary and at once reads it back by
 // id. A read is stale when the row is missing or has the wrong value; it was
 // served by a replica when the inet_server_port() returned by the same query
-// differs from the writer's. The strategies:
+// differs from the primary's. The strategies:
 //
 //	sticky-primary  read from the primary (plain pgx)
 //	naive-replica   read from a replica right away (plain pgx)
@@ -19,12 +19,12 @@
 // of them alike. Read latency is the read call only (for two-round-trip it
 // includes the position fetch and the wait, for sleep-replica the sleep);
 // write latency is the insert call (for pgryw it includes pgryw's capture of
-// the writer's position).
+// the primary's position).
 //
-// Without -writer, rywbench starts a local primary and -replicas streaming
+// Without -primary, rywbench starts a local primary and -replicas streaming
 // replicas from the PostgreSQL server binaries (internal/pgtest), with
 // recovery_min_apply_delay set to -delay to simulate lag, and stops them when
-// it exits. With -writer and -replica it uses running servers instead.
+// it exits. With -primary and -replica it uses running servers instead.
 //
 // Usage:
 //
@@ -69,7 +69,7 @@ type config struct {
 	delay, budget, sleep                  time.Duration
 	strategies                            []string
 	json, demo                            bool
-	writer                                string
+	primary                               string
 	replicaDSNs                           []string
 }
 
@@ -98,8 +98,8 @@ func parseFlags() (*config, error) {
 	flag.StringVar(&strategies, "strategies", strings.Join(allStrategies, ","), "comma-separated strategies to run")
 	flag.BoolVar(&cfg.json, "json", false, "print one JSON object instead of the table")
 	flag.BoolVar(&cfg.demo, "demo", false, "short demo: 1 replica 50ms behind, naive-replica vs pgryw (explicit flags still win)")
-	flag.StringVar(&cfg.writer, "writer", "", "primary's pgx DSN (instead of starting a local cluster)")
-	flag.Var(&replicas, "replica", "a replica's pgx DSN; repeatable; needs -writer (pgryw takes only its host:port and the writer's credentials)")
+	flag.StringVar(&cfg.primary, "primary", "", "primary's pgx DSN (instead of starting a local cluster)")
+	flag.Var(&replicas, "replica", "a replica's pgx DSN; repeatable; needs -primary (pgryw takes only its host:port and the primary's credentials)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: rywbench [flags]\n\nCompares read-your-writes strategies on PostgreSQL streaming replicas.\n\nFlags:\n")
 		flag.PrintDefaults()
@@ -146,14 +146,14 @@ func parseFlags() (*config, error) {
 		return nil, errors.New("-budget must be at least 1ms")
 	case cfg.delay < 0 || cfg.sleep < 0:
 		return nil, errors.New("-delay and -sleep must not be negative")
-	case cfg.writer == "" && len(cfg.replicaDSNs) > 0:
-		return nil, errors.New("-replica needs -writer")
-	case cfg.writer != "" && len(cfg.replicaDSNs) == 0:
-		return nil, errors.New("-writer needs at least one -replica")
-	case cfg.writer == "" && cfg.replicas < 1:
+	case cfg.primary == "" && len(cfg.replicaDSNs) > 0:
+		return nil, errors.New("-replica needs -primary")
+	case cfg.primary != "" && len(cfg.replicaDSNs) == 0:
+		return nil, errors.New("-primary needs at least one -replica")
+	case cfg.primary == "" && cfg.replicas < 1:
 		return nil, errors.New("-replicas must be at least 1")
 	}
-	if cfg.writer != "" {
+	if cfg.primary != "" {
 		cfg.replicas = len(cfg.replicaDSNs)
 	}
 	cfg.rounds = min(cfg.rounds, cfg.iterations)
@@ -222,12 +222,12 @@ func fail(ctx context.Context, err error) int {
 
 // env is the servers and pools a run uses.
 type env struct {
-	cluster          *pgtest.Cluster // nil with -writer
-	writerDSN        string
+	cluster          *pgtest.Cluster // nil with -primary
+	primaryDSN       string
 	replicaAddrs     []string // host:port, for pgryw's replicas key
 	pools            *pools
 	pgryw            *pgrywStrategy // nil unless the pgryw strategy runs
-	writerPort       int64
+	primaryPort      int64
 	serverVersion    string
 	serverVersionNum int
 	tables           []string
@@ -258,7 +258,7 @@ func (e *env) close() {
 // closed even if err is not nil.
 func setup(ctx context.Context, cfg *config) (*env, error) {
 	e := &env{}
-	if cfg.writer == "" {
+	if cfg.primary == "" {
 		fmt.Fprintf(os.Stderr, "rywbench: starting a local PostgreSQL primary and %d replica(s), apply delay %v...\n", cfg.replicas, cfg.delay)
 		t0 := time.Now()
 		startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
@@ -268,7 +268,7 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 			if errors.Is(err, pgtest.ErrNoServer) {
 				return nil, fmt.Errorf("cannot start a local PostgreSQL cluster: %v\n"+
 					"rywbench: install the server (apt-get install -y postgresql) or set PGRYW_PG_BINDIR to its bin directory,\n"+
-					"rywbench: or point rywbench at running servers with -writer DSN -replica DSN", err)
+					"rywbench: or point rywbench at running servers with -primary DSN -replica DSN", err)
 			}
 			if dir := os.Getenv("PGRYW_PG_BINDIR"); dir != "" {
 				return nil, fmt.Errorf("cannot start a local PostgreSQL cluster: %w\n"+
@@ -278,7 +278,7 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 		}
 		fmt.Fprintf(os.Stderr, "rywbench: cluster up in %v\n", time.Since(t0).Round(time.Millisecond))
 		e.cluster = c
-		e.writerDSN = c.WriterDSN()
+		e.primaryDSN = c.WriterDSN()
 		e.replicaAddrs = c.ReplicaAddrs()
 		cfg.replicaDSNs = nil
 		for i := range c.Replicas {
@@ -286,10 +286,10 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 		}
 	} else {
 		if cfg.delay != 0 {
-			fmt.Fprintln(os.Stderr, "rywbench: -delay applies only to a local cluster; ignored with -writer")
+			fmt.Fprintln(os.Stderr, "rywbench: -delay applies only to a local cluster; ignored with -primary")
 			cfg.delay = 0
 		}
-		e.writerDSN = cfg.writer
+		e.primaryDSN = cfg.primary
 		for _, d := range cfg.replicaDSNs {
 			pc, err := pgx.ParseConfig(d)
 			if err != nil {
@@ -311,8 +311,8 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 	p := &pools{budget: cfg.budget, sleep: cfg.sleep}
 	e.pools = p
 	var err error
-	if p.primary, err = open(e.writerDSN); err != nil {
-		return e, fmt.Errorf("writer: %w", err)
+	if p.primary, err = open(e.primaryDSN); err != nil {
+		return e, fmt.Errorf("primary: %w", err)
 	}
 	for _, d := range cfg.replicaDSNs {
 		db, err := open(d)
@@ -323,9 +323,9 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 	}
 
 	err = p.primary.QueryRowContext(ctx, "SELECT current_setting('server_version'), current_setting('server_version_num')::int, inet_server_port()").
-		Scan(&e.serverVersion, &e.serverVersionNum, &e.writerPort)
+		Scan(&e.serverVersion, &e.serverVersionNum, &e.primaryPort)
 	if err != nil {
-		return e, fmt.Errorf("writer: %w", err)
+		return e, fmt.Errorf("primary: %w", err)
 	}
 	p.waitFor = true
 	for i, r := range p.replicas {
@@ -340,14 +340,14 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 		if !inRec {
 			return e, fmt.Errorf("replica %s is not a standby (pg_is_in_recovery() is false)", e.replicaAddrs[i])
 		}
-		if port.Int64 == e.writerPort {
-			fmt.Fprintf(os.Stderr, "rywbench: warning: replica %s answers inet_server_port() = %d like the writer; the replica share will read as 0\n", e.replicaAddrs[i], port.Int64)
+		if port.Int64 == e.primaryPort {
+			fmt.Fprintf(os.Stderr, "rywbench: warning: replica %s answers inet_server_port() = %d like the primary; the replica share will read as 0\n", e.replicaAddrs[i], port.Int64)
 		}
 		p.waitFor = p.waitFor && num >= 190000 // WAIT FOR LSN is new in PostgreSQL 19
 	}
 
 	if slices.Contains(cfg.strategies, pgrywName) {
-		if e.pgryw, err = newPgryw(e.writerDSN, e.replicaAddrs, cfg.budget); err != nil {
+		if e.pgryw, err = newPgryw(e.primaryDSN, e.replicaAddrs, cfg.budget); err != nil {
 			return e, err
 		}
 		e.pgryw.db.SetMaxOpenConns(cfg.workers)
@@ -504,7 +504,7 @@ func (b *bench) iteration(ctx context.Context, s strategy, id int64) sample {
 		write:     t1.Sub(t0),
 		read:      t2.Sub(t1),
 		stale:     !v.Valid || v.Int64 != want,
-		onReplica: port != b.env.writerPort,
+		onReplica: port != b.env.primaryPort,
 	}
 }
 

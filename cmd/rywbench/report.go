@@ -58,7 +58,7 @@ func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup 
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "replica = share of reads served by a replica (by inet_server_port()); read = the read call")
 	fmt.Fprintln(w, "(two-round-trip: with its LSN fetch and wait; sleep-replica: with the sleep); write = the insert")
-	fmt.Fprintln(w, "(pgryw: with its capture of the writer's position).")
+	fmt.Fprintln(w, "(pgryw: with its capture of the primary's position).")
 
 	for _, s := range sums {
 		if s.FirstError != "" {
@@ -66,9 +66,9 @@ func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup 
 		}
 		if s.PgrywStats != nil {
 			st := s.PgrywStats
-			fmt.Fprintf(w, "\npgryw Stats over the measured iterations: ReplicaReads=%d WriterReads=%d Fallbacks=%d StaleReads=%d BehindErrors=%d\n"+
+			fmt.Fprintf(w, "\npgryw Stats over the measured iterations: ReplicaReads=%d PrimaryReads=%d Fallbacks=%d StaleReads=%d BehindErrors=%d\n"+
 				"  Waits=%d WaitTimeouts=%d Captures=%d CaptureFailures=%d\n",
-				st.ReplicaReads, st.WriterReads, st.Fallbacks, st.StaleReads, st.BehindErrors,
+				st.ReplicaReads, st.PrimaryReads, st.Fallbacks, st.StaleReads, st.BehindErrors,
 				st.Waits, st.WaitTimeouts, st.Captures, st.CaptureFailures)
 		}
 	}

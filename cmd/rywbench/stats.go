@@ -13,7 +13,7 @@ import (
 type sample struct {
 	write, read time.Duration
 	stale       bool  // row missing or carrying the wrong value
-	onReplica   bool  // inet_server_port() differed from the writer's
+	onReplica   bool  // inet_server_port() differed from the primary's
 	err         error // the iteration failed; no read is counted
 }
 
@@ -105,7 +105,7 @@ func fmtMS(v float64) string {
 func statsDiff(a, b pgryw.Stats) pgryw.Stats {
 	return pgryw.Stats{
 		ReplicaReads:    a.ReplicaReads - b.ReplicaReads,
-		WriterReads:     a.WriterReads - b.WriterReads,
+		PrimaryReads:    a.PrimaryReads - b.PrimaryReads,
 		Fallbacks:       a.Fallbacks - b.Fallbacks,
 		StaleReads:      a.StaleReads - b.StaleReads,
 		BehindErrors:    a.BehindErrors - b.BehindErrors,

@@ -162,10 +162,10 @@ type pgrywStrategy struct {
 	insertSQL, getSQL string
 }
 
-// newPgryw opens the pgryw pool: the writer's DSN plus pgryw's replicas and
+// newPgryw opens the pgryw pool: the primary's DSN plus pgryw's replicas and
 // wait_timeout keys, as an application would write it.
-func newPgryw(writerDSN string, replicaAddrs []string, budget time.Duration) (*pgrywStrategy, error) {
-	dsn := withParams(writerDSN, [][2]string{
+func newPgryw(primaryDSN string, replicaAddrs []string, budget time.Duration) (*pgrywStrategy, error) {
+	dsn := withParams(primaryDSN, [][2]string{
 		{"replicas", strings.Join(replicaAddrs, ",")},
 		{"wait_timeout", budget.String()},
 	})

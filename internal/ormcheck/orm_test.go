@@ -135,7 +135,7 @@ func TestGORM(t *testing.T) {
 	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
 		t.Fatalf("duplicate key: %v", err)
 	}
-	// Nested transactions use savepoints; all of it runs on the writer.
+	// Nested transactions use savepoints; all of it runs on the primary.
 	err = db.Transaction(func(tx *gorm.DB) error {
 		if err := tx.Model(&GormUser{}).Where("email = ?", "adab@example.com").Update("name", "grace").Error; err != nil {
 			return err
