@@ -83,7 +83,7 @@ func (b *backend) exec(ctx context.Context, query string, args []driver.NamedVal
 	if e, ok := b.conn.(driver.ExecerContext); ok {
 		sent := b.sent()
 		res, err := e.ExecContext(ctx, query, args)
-		return res, b.callerError(err, sent)
+		return res, b.callerError(ctx, err, sent)
 	}
 	return nil, driver.ErrSkip
 }
@@ -92,7 +92,7 @@ func (b *backend) query(ctx context.Context, query string, args []driver.NamedVa
 	if q, ok := b.conn.(driver.QueryerContext); ok {
 		sent := b.sent()
 		rows, err := q.QueryContext(ctx, query, args)
-		return rows, b.callerError(err, sent)
+		return rows, b.callerError(ctx, err, sent)
 	}
 	return nil, driver.ErrSkip
 }
@@ -105,16 +105,28 @@ func (b *backend) sent() uint64 {
 	return b.wire.Sent()
 }
 
-// callerError turns err from a statement on b into what the caller gets:
-// ErrConnLost for a driver.ErrBadConn that came after bytes left (sent is
-// the count before the statement), and the server's error bare (see
-// serverError).
-func (b *backend) callerError(err error, sent uint64) error {
+// callerError turns err from a statement on b into what the caller gets.
+// When b's connection broke after bytes of the statement left (sent is the
+// count before it), the statement may or may not have run, and the error
+// matches ErrConnLost: a driver.ErrBadConn (which would make database/sql
+// run it again) becomes ErrConnLost itself, and pgx's own error (say,
+// io.ErrUnexpectedEOF) is wrapped, so errors.Is finds both. The caller's
+// context ending is left as pgx reports it. A server's error is handed on
+// bare (see serverError).
+func (b *backend) callerError(ctx context.Context, err error, sent uint64) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, driver.ErrBadConn) && b.wire != nil && b.wire.Sent() != sent {
-		return ErrConnLost
+	lost := b.wire != nil && b.wire.Sent() != sent && b.closed()
+	if errors.Is(err, driver.ErrBadConn) {
+		if b.wire != nil && b.wire.Sent() != sent {
+			return ErrConnLost
+		}
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if lost && ctx.Err() == nil && !errors.As(err, &pgErr) {
+		return fmt.Errorf("%w: %w", ErrConnLost, err)
 	}
 	return serverError(err)
 }

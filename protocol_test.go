@@ -1,0 +1,991 @@
+package pgryw_test
+
+// Protocol tests: pgryw, through pgx and its own wire layer, against
+// scripted fake servers (internal/pgfake) on loopback. Each test asserts
+// what reached the servers, message by message and flush by flush, and what
+// the caller got back. They start no PostgreSQL and run under -short.
+//
+// The fake standby replays a write only when a read arrives (its position
+// moves as a batch of the pool's connection comes in, before it is
+// answered), so neither pgryw's background monitor, which polls every
+// 100 ms, nor an earlier answer can have told pgryw that it caught up: the
+// first read after a write always carries its check, deterministically.
+// Every poll (the monitor's simple queries, pgryw_poll) reports the same
+// position, and the read's row says whether the write is visible there.
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/pgfake"
+)
+
+const (
+	protoInsert     = "INSERT INTO t (v) VALUES ($1)"
+	protoInsertLit  = "INSERT INTO t (v) VALUES (1)"
+	protoRead       = "SELECT v FROM t WHERE id = $1"
+	protoReadWriter = "SELECT v FROM t WHERE id = $1 /* pgryw:primary */"
+	protoCapture    = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size')"
+	protoPoll       = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
+
+	protoStart   = "0/2000000"  // the replica's replay position before the write
+	protoLSN     = "0/3000100"  // the writer's position after the write
+	protoLSNText = "0/03000100" // as pgryw formats it (%X/%08X)
+	protoBehind  = "0/2FFFF00"  // a replay position short of it
+)
+
+// protoWriter scripts the fake writer.
+type protoWriter struct {
+	mu    sync.Mutex
+	lsn   string // the capture's answer
+	value string // the answer to protoRead on the writer
+	cut   bool   // hang up once an INSERT arrives to be executed, unanswered
+	// failInsert fails the INSERT's execution with a unique violation.
+	failInsert bool
+	inserts    int // INSERT executions received (answered or not)
+}
+
+func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cut && (executes(c, b, protoInsert) || executes(c, b, protoInsertLit)) {
+		w.inserts++
+		c.Hangup()
+		return nil
+	}
+	return c.Answer(b, func(q pgfake.Query) pgfake.Result {
+		switch q.SQL {
+		case protoCapture:
+			return pgfake.Result{
+				Cols: []pgfake.Column{{Name: "pg_current_wal_insert_lsn", OID: 3220}, {Name: "current_setting", OID: 25}},
+				Rows: [][][]byte{pgfake.Row(w.lsn, "8192")},
+			}
+		case protoInsert, protoInsertLit:
+			if !q.Describe {
+				w.inserts++
+				if w.failInsert {
+					return pgfake.Result{Err: pgfake.Error("23505", "duplicate key value violates unique constraint \"t_pkey\"")}
+				}
+			}
+			r := pgfake.Result{Tag: "INSERT 0 1"}
+			if q.SQL == protoInsert {
+				r.Params = []uint32{20}
+			}
+			return r
+		case protoRead, protoReadWriter:
+			return pgfake.Result{Params: []uint32{20}, Cols: []pgfake.Column{{Name: "v", OID: 25}}, Rows: [][][]byte{pgfake.Row(w.value)}}
+		}
+		if tag, ok := txTag(q.SQL); ok {
+			return pgfake.Result{Tag: tag}
+		}
+		return pgfake.Result{Err: pgfake.Error("42601", "writer script: unexpected "+q.SQL)}
+	})
+}
+
+// protoReplica scripts a fake standby.
+type protoReplica struct {
+	mu     sync.Mutex
+	replay string   // replay position, as every poll reports it
+	next   []string // positions replay takes, one per batch of the pool's as it arrives
+	status string   // WAIT FOR LSN's status
+	waits  []string // WAIT FOR texts received
+	reads  int      // executions of protoRead
+}
+
+// replays sets the positions the standby will have replayed when each of
+// the next reads arrives.
+func (r *protoReplica) replays(pos ...string) {
+	r.mu.Lock()
+	r.next = pos
+	r.mu.Unlock()
+}
+
+func (r *protoReplica) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !monitorPoll(b) && len(r.next) > 0 {
+		r.replay, r.next = r.next[0], r.next[1:]
+	}
+	return c.Answer(b, func(q pgfake.Query) pgfake.Result {
+		switch {
+		case q.SQL == protoPoll:
+			return pgfake.Result{
+				Cols: []pgfake.Column{{Name: "pg_last_wal_replay_lsn", OID: 3220}, {Name: "pg_is_in_recovery", OID: 16}},
+				Rows: [][][]byte{pgfake.Row(r.replay, "t")},
+			}
+		case strings.HasPrefix(q.SQL, "WAIT FOR LSN "):
+			r.waits = append(r.waits, q.SQL)
+			return pgfake.Result{Cols: []pgfake.Column{{Name: "status", OID: 25}}, Rows: [][][]byte{pgfake.Row(r.status)}, Tag: "WAIT"}
+		case q.SQL == protoRead:
+			res := pgfake.Result{Params: []uint32{20}, Cols: []pgfake.Column{{Name: "v", OID: 25}}}
+			if !q.Describe {
+				r.reads++
+				v := "old" // the write is not replayed
+				if protoAt(r.replay) >= protoAt(protoLSN) {
+					v = "new"
+				}
+				res.Rows = [][][]byte{pgfake.Row(v)}
+			}
+			return res
+		}
+		if tag, ok := txTag(q.SQL); ok {
+			return pgfake.Result{Tag: tag}
+		}
+		return pgfake.Result{Err: pgfake.Error("42601", "replica script: unexpected "+q.SQL)}
+	})
+}
+
+// txTag returns the command tag of transaction control (pgx sends "begin
+// isolation level … read only", database/sql users "BEGIN").
+func txTag(sql string) (string, bool) {
+	for _, k := range []string{"BEGIN", "COMMIT", "ROLLBACK"} {
+		if strings.HasPrefix(strings.ToUpper(sql), k) {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// protoAt parses an LSN of the script.
+func protoAt(s string) uint64 {
+	var hi, lo uint64
+	if _, err := fmt.Sscanf(s, "%X/%X", &hi, &lo); err != nil {
+		panic(err)
+	}
+	return hi<<32 | lo
+}
+
+// executes reports whether b executes sql: a Bind of a statement prepared
+// with it, or a simple Query of it.
+func executes(c *pgfake.Conn, b pgfake.Batch, sql string) bool {
+	for _, m := range b.Msgs {
+		switch m := m.(type) {
+		case *pgproto3.Bind:
+			if q, _ := c.StatementSQL(m.PreparedStatement); q == sql {
+				return true
+			}
+		case *pgproto3.Query:
+			if m.String == sql {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// monitorPoll reports a batch of the monitor's: its poll, alone, as a
+// simple query (or a connection's Terminate).
+func monitorPoll(b pgfake.Batch) bool {
+	if len(b.Msgs) != 1 {
+		return false
+	}
+	switch m := b.Msgs[0].(type) {
+	case *pgproto3.Query:
+		return m.String == protoPoll
+	case *pgproto3.Terminate:
+		return true
+	}
+	return false
+}
+
+type protoCluster struct {
+	db      *sql.DB
+	c       *pgryw.Connector
+	writer  *pgfake.Server
+	replica *pgfake.Server
+	w       *protoWriter
+	r       *protoReplica
+}
+
+// newProtoCluster starts a fake writer and a fake standby reporting
+// version, and opens a pgryw pool of one connection on them with extra DSN
+// keys.
+func newProtoCluster(t *testing.T, version, extra string) *protoCluster {
+	t.Helper()
+	pc := &protoCluster{
+		w: &protoWriter{lsn: protoLSN, value: "writer"},
+		r: &protoReplica{replay: protoStart, status: "success"},
+	}
+	var err error
+	pc.writer, err = pgfake.Start(pgfake.Config{ServerVersion: version, InHotStandby: "off", Handler: pc.w.handle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.writer.Close() })
+	pc.replica, err = pgfake.Start(pgfake.Config{ServerVersion: version, InHotStandby: "on", Handler: pc.r.handle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.replica.Close() })
+	dsn := fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 replicas=%s %s",
+		pc.writer.Host(), pc.writer.Port(), pc.replica.Addr(), extra)
+	cfg, err := pgryw.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.c, err = pgryw.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.db = sql.OpenDB(pc.c)
+	pc.db.SetMaxOpenConns(1)
+	t.Cleanup(func() { pc.db.Close() })
+	return pc
+}
+
+// flush is one batch a fake server received, summarized.
+type flush struct {
+	conn  *pgfake.Conn
+	batch pgfake.Batch
+	msgs  []string
+}
+
+func (f flush) String() string { return fmt.Sprintf("conn %d: %q", f.conn.ID(), f.msgs) }
+
+// flushes returns every batch s received on connections that used the
+// extended protocol (the pool's; the monitor only sends simple queries)
+// or, with all, on every connection, leaving out pgx's pings; pgx's
+// statements are shown by their SQL, pgryw's by name.
+func flushes(s *pgfake.Server, all bool) []flush {
+	var fs []flush
+	for _, c := range s.Conns() {
+		var mine []flush
+		pool := false
+		for _, b := range c.Batches() {
+			f := flush{conn: c, batch: b, msgs: pgfake.Summary(b, c.Label("pgryw_"))}
+			if reflect.DeepEqual(f.msgs, []string{"Query -- ping"}) {
+				continue // pgx's, when database/sql reuses a connection
+			}
+			for _, m := range b.Msgs {
+				if _, ok := m.(*pgproto3.Bind); ok {
+					pool = true
+				}
+			}
+			mine = append(mine, f)
+		}
+		if pool || all {
+			fs = append(fs, mine...)
+		}
+	}
+	return fs
+}
+
+// with returns the flushes holding msg.
+func with(fs []flush, msg string) []flush {
+	var out []flush
+	for _, f := range fs {
+		if slices.Contains(f.msgs, msg) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func mentionsPgryw(f flush) bool {
+	for _, m := range f.msgs {
+		if strings.Contains(m, "pgryw_") || strings.Contains(m, "pg_current_wal") || strings.Contains(m, "pg_last_wal") || strings.Contains(m, "WAIT FOR") {
+			return true
+		}
+	}
+	return false
+}
+
+// Encoded ride-along messages, as pgryw must put them on the wire.
+var (
+	captureFirst = pgfake.Encode(&pgproto3.Parse{Name: "pgryw_capture", Query: protoCapture},
+		&pgproto3.Bind{PreparedStatement: "pgryw_capture"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	captureAgain = pgfake.Encode(&pgproto3.Bind{PreparedStatement: "pgryw_capture"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	pollFirst    = pgfake.Encode(&pgproto3.Parse{Name: "pgryw_poll", Query: protoPoll},
+		&pgproto3.Bind{PreparedStatement: "pgryw_poll"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	pollAgain = pgfake.Encode(&pgproto3.Bind{PreparedStatement: "pgryw_poll"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+)
+
+var (
+	insertExec = []string{"Bind " + protoInsert, "Describe P", "Execute", "Sync"}
+	readExec   = []string{"Bind " + protoRead, "Execute", "Sync"}
+	capFirst   = []string{"Parse pgryw_capture", "Bind pgryw_capture", "Execute", "Sync"}
+	capAgain   = []string{"Bind pgryw_capture", "Execute", "Sync"}
+	pollMsgs   = []string{"Bind pgryw_poll", "Execute", "Sync"}
+)
+
+func cat(parts ...[]string) []string { return slices.Concat(parts...) }
+
+// An autocommit write with an argument: pgx's Bind/Describe/Execute/Sync,
+// then pgryw's capture in the same flush (Parse of it only the first time
+// on the connection); the capture's answer is taken off the wire and the
+// caller gets the INSERT's own result.
+func TestProtocolAutocommitWriteCarriesCapture(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "")
+	for i, wantCapture := range [][]byte{captureFirst, captureAgain} {
+		res, err := pc.db.Exec(protoInsert, 1)
+		if err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			t.Fatalf("write %d: RowsAffected %d, %v; want 1 from the INSERT's CommandComplete", i, n, err)
+		}
+		fs := with(flushes(pc.writer, false), "Bind "+protoInsert)
+		if len(fs) != i+1 {
+			t.Fatalf("write %d: INSERT executed in %d flushes, want %d", i, len(fs), i+1)
+		}
+		f := fs[i]
+		wantMsgs := cat(insertExec, capFirst)
+		if i > 0 {
+			wantMsgs = cat(insertExec, capAgain)
+		}
+		if !reflect.DeepEqual(f.msgs, wantMsgs) {
+			t.Fatalf("write %d: one flush carried\n %q\nwant\n %q", i, f.msgs, wantMsgs)
+		}
+		// Byte level: pgx's messages end in its Sync, and pgryw's follow
+		// verbatim.
+		raw := f.batch.Raw
+		if !bytes.HasSuffix(raw, wantCapture) {
+			t.Fatalf("write %d: flush does not end with pgryw's capture bytes:\n% x", i, raw)
+		}
+		pgx := raw[:len(raw)-len(wantCapture)]
+		if len(pgx) < 5 || !bytes.Equal(pgx[len(pgx)-5:], []byte{'S', 0, 0, 0, 4}) {
+			t.Fatalf("write %d: pgx's part does not end in Sync: % x", i, pgx)
+		}
+		bind := f.batch.Msgs[0].(*pgproto3.Bind)
+		if len(bind.Parameters) != 1 || !bytes.Equal(bind.Parameters[0], []byte{0, 0, 0, 0, 0, 0, 0, 1}) {
+			t.Fatalf("write %d: INSERT bound %q", i, bind.Parameters)
+		}
+	}
+	// The first write also prepared the INSERT (pgx's own round trip,
+	// nothing of pgryw's in it); the second is one flush in all.
+	all := flushes(pc.writer, false)
+	want := [][]string{
+		{"Parse " + protoInsert, "Describe S " + protoInsert, "Sync"},
+		cat(insertExec, capFirst),
+		cat(insertExec, capAgain),
+	}
+	var got [][]string
+	for _, f := range all {
+		got = append(got, f.msgs)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("writer flushes\n %q\nwant\n %q", got, want)
+	}
+	// The capture's DataRow never reached pgx: the connection is in step,
+	// and the next statement on the writer gets its own row.
+	var v string
+	if err := pc.db.QueryRow(protoReadWriter, 7).Scan(&v); err != nil || v != "writer" {
+		t.Fatalf("read on the writer after the writes: %q, %v", v, err)
+	}
+	if got := pgryw.PoolWatermark(pc.c); got != protoLSNText {
+		t.Errorf("pool watermark %s, want %s", got, protoLSNText)
+	}
+	if st := pc.c.Stats(); st.Captures != 3 || st.CaptureFailures != 0 {
+		t.Errorf("stats %+v, want 3 captures (two writes, one primary read)", st)
+	}
+	// No replica saw anything but the monitor.
+	if fs := flushes(pc.replica, false); len(fs) != 0 {
+		t.Errorf("replica got %q", fs[0].msgs)
+	}
+}
+
+// warmReplica runs one read before any write (no check is needed, and the
+// replica connection gets the read and pgryw_poll prepared, as in a running
+// application), then the write.
+func warmReplica(t *testing.T, pc *protoCluster) {
+	t.Helper()
+	var v string
+	if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "old" {
+		t.Fatalf("warm-up read: %q, %v", v, err)
+	}
+	fs := flushes(pc.replica, false)
+	want := [][]string{
+		{"Parse " + protoRead, "Describe S " + protoRead, "Sync"},
+		cat(readExec, []string{"Parse pgryw_poll"}, pollMsgs),
+	}
+	var got [][]string
+	for _, f := range fs {
+		got = append(got, f.msgs)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("warm-up read: replica flushes\n %q\nwant\n %q", got, want)
+	}
+	if !bytes.HasSuffix(fs[1].batch.Raw, pollFirst) {
+		t.Fatalf("warm-up read: trailing poll bytes\n% x", fs[1].batch.Raw)
+	}
+	if _, err := pc.db.Exec(protoInsert, 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A read after a write on a PostgreSQL 15 standby: pgryw_poll in front of
+// pgx's messages and another behind them, in one flush; the replica has
+// replayed the capture's position, so its rows are returned. The next read
+// goes alone with its trailing poll: the replica is known to be caught up.
+func TestProtocolReplicaReadPollsInOneFlush(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "")
+	warmReplica(t, pc)
+	pc.r.replays(protoLSN)
+	writerBefore := len(flushes(pc.writer, false))
+	before := len(flushes(pc.replica, false))
+
+	for i, want := range [][]string{cat(pollMsgs, readExec, pollMsgs), cat(readExec, pollMsgs)} {
+		var v string
+		if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
+			t.Fatalf("read %d: %q, %v", i, v, err)
+		}
+		fs := flushes(pc.replica, false)[before:]
+		if len(fs) != i+1 {
+			t.Fatalf("read %d took %d flushes on the replica, want 1: %v", i, len(fs)-i, fs)
+		}
+		f := fs[i]
+		if !reflect.DeepEqual(f.msgs, want) {
+			t.Fatalf("read %d: replica flush\n %q\nwant\n %q", i, f.msgs, want)
+		}
+		if i == 0 {
+			if !bytes.HasPrefix(f.batch.Raw, pollAgain) || !bytes.HasSuffix(f.batch.Raw, pollAgain) {
+				t.Fatalf("poll bytes not in front and behind:\n% x", f.batch.Raw)
+			}
+			settleMonitor(t, pc)
+		}
+	}
+	if n := len(flushes(pc.writer, false)); n != writerBefore {
+		t.Errorf("the reads sent %d flushes to the writer", n-writerBefore)
+	}
+	if st := pc.c.Stats(); st.ReplicaReads != 3 || st.Fallbacks != 0 || st.Waits != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// settleMonitor waits for two more of the monitor's polls to arrive at the
+// replica. A monitor answer sent before the standby caught up, but read
+// after a check learned that it had, sets pgryw's knowledge of the replica
+// back (probe takes a lower position for a rebuilt standby); the monitor
+// handles each answer before sending its next poll, so once two polls have
+// arrived after the catch-up, the latest answer it handled is current.
+func settleMonitor(t *testing.T, pc *protoCluster) {
+	t.Helper()
+	count := func() int {
+		n := 0
+		for _, f := range flushes(pc.replica, true) {
+			if monitorPoll(f.batch) {
+				n++
+			}
+		}
+		return n
+	}
+	start := count()
+	for dl := time.Now().Add(2 * time.Second); count() < start+2; time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(dl) {
+			t.Fatal("the monitor stopped polling the replica")
+		}
+	}
+}
+
+// A read whose check finds the replica behind: that answer is discarded
+// (though the replica sent rows), and the read is sent again with a new
+// check, whose rows the caller gets.
+func TestProtocolReplicaBehindDiscardsAndRereads(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "")
+	warmReplica(t, pc)
+	pc.r.replays(protoBehind, protoLSN)
+	before := len(flushes(pc.replica, false))
+
+	var v string
+	if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
+		t.Fatalf("read: %q, %v; want only the good attempt's row", v, err)
+	}
+	fs := flushes(pc.replica, false)[before:]
+	if len(fs) != 2 {
+		t.Fatalf("read took %d flushes, want 2 (one per attempt): %v", len(fs), fs)
+	}
+	for i, f := range fs {
+		if want := cat(pollMsgs, readExec, pollMsgs); !reflect.DeepEqual(f.msgs, want) {
+			t.Fatalf("attempt %d: flush\n %q\nwant\n %q", i, f.msgs, want)
+		}
+	}
+	pc.r.mu.Lock()
+	reads := pc.r.reads
+	pc.r.mu.Unlock()
+	if reads != 3 {
+		t.Errorf("replica executed the read %d times, want 3 (warm-up, discarded, served)", reads)
+	}
+	if st := pc.c.Stats(); st.ReplicaReads != 2 || st.Waits != 1 || st.Fallbacks != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+var waitForRE = regexp.MustCompile(`^WAIT FOR LSN '([0-9A-F]+/[0-9A-F]{8})' WITH \(MODE 'standby_replay', TIMEOUT '(\d+)ms', NO_THROW\)$`)
+
+// On a PostgreSQL 19 standby the check is a simple-protocol WAIT FOR LSN in
+// front of the read. Its status decides: 'success' lets the read's rows
+// through; 'timeout' applies on_timeout (primary, the default: the writer
+// reads; error: ErrReplicaBehind; stale: the replica's rows, counted);
+// 'not in recovery' sends the read to the writer.
+func TestProtocolWaitForLSN(t *testing.T) {
+	for _, tc := range []struct {
+		name, status, replay, extra string
+		want                        string // the caller's row; "" for ErrReplicaBehind
+		onWriter                    bool
+		stats                       func(pgryw.Stats) bool
+	}{
+		{"success", "success", protoLSN, "", "new", false, func(st pgryw.Stats) bool { return st.ReplicaReads == 2 && st.Fallbacks == 0 }},
+		{"timeout", "timeout", protoBehind, "", "writer", true, func(st pgryw.Stats) bool { return st.Fallbacks == 1 && st.WaitTimeouts == 1 }},
+		{"timeout error", "timeout", protoBehind, "on_timeout=error", "", false, func(st pgryw.Stats) bool { return st.BehindErrors == 1 && st.WaitTimeouts == 1 }},
+		{"timeout stale", "timeout", protoBehind, "on_timeout=stale", "old", false, func(st pgryw.Stats) bool { return st.StaleReads == 1 && st.ReplicaReads == 2 }},
+		{"not in recovery", "not in recovery", protoBehind, "", "writer", true, func(st pgryw.Stats) bool { return st.Fallbacks == 1 && st.WaitTimeouts == 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pc := newProtoCluster(t, "19devel", "wait_timeout=200ms "+tc.extra)
+			warmReplica(t, pc)
+			pc.r.replays(tc.replay)
+			pc.r.mu.Lock()
+			pc.r.status = tc.status
+			pc.r.mu.Unlock()
+			before := len(flushes(pc.replica, false))
+			writerBefore := len(flushes(pc.writer, false))
+
+			var v string
+			err := pc.db.QueryRow(protoRead, 7).Scan(&v)
+			if tc.want == "" {
+				if !errors.Is(err, pgryw.ErrReplicaBehind) || !strings.Contains(err.Error(), protoLSNText) || strings.Contains(err.Error(), "secret") {
+					t.Fatalf("read: %v; want ErrReplicaBehind naming %s and no password", err, protoLSNText)
+				}
+			} else if err != nil || v != tc.want {
+				t.Fatalf("read: %q, %v; want %q", v, err, tc.want)
+			}
+			fs := flushes(pc.replica, false)[before:]
+			if len(fs) != 1 {
+				t.Fatalf("read took %d flushes on the replica, want 1", len(fs))
+			}
+			msgs := fs[0].msgs
+			if len(msgs) != 7 || !strings.HasPrefix(msgs[0], "Query ") || !reflect.DeepEqual(msgs[1:], cat(readExec, pollMsgs)) {
+				t.Fatalf("replica flush %q; want WAIT FOR, the read, pgryw_poll", msgs)
+			}
+			m := waitForRE.FindStringSubmatch(strings.TrimPrefix(msgs[0], "Query "))
+			if m == nil {
+				t.Fatalf("check %q is not WAIT FOR LSN … NO_THROW", msgs[0])
+			}
+			if m[1] != protoLSNText {
+				t.Errorf("WAIT FOR LSN %s, want the capture's %s", m[1], protoLSNText)
+			}
+			if ms, _ := strconv.Atoi(m[2]); ms < 1 || ms > 200 {
+				t.Errorf("TIMEOUT %sms, want within wait_timeout=200ms", m[2])
+			}
+			wantQuery := pgfake.Encode(&pgproto3.Query{String: strings.TrimPrefix(msgs[0], "Query ")})
+			if !bytes.HasPrefix(fs[0].batch.Raw, wantQuery) {
+				t.Errorf("WAIT FOR is not the flush's first message")
+			}
+			// On the writer: the read (prepare, then execute with a capture
+			// behind it) or nothing.
+			wfs := flushes(pc.writer, false)[writerBefore:]
+			if got := len(with(wfs, "Bind "+protoRead)); tc.onWriter && got != 1 || !tc.onWriter && len(wfs) != 0 {
+				t.Errorf("writer flushes %v", wfs)
+			}
+			if st := pc.c.Stats(); !tc.stats(st) {
+				t.Errorf("stats %+v", st)
+			}
+		})
+	}
+}
+
+// Polling (before PostgreSQL 19) gives up at wait_timeout: a few tries
+// with the check riding along with the read, then polls alone, then the
+// writer reads.
+func TestProtocolPollTimeoutFallsBack(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "wait_timeout=30ms")
+	warmReplica(t, pc)
+	pc.r.replays(protoBehind)
+	before := len(flushes(pc.replica, false))
+	var v string
+	if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "writer" {
+		t.Fatalf("read: %q, %v; want the writer's row", v, err)
+	}
+	fs := flushes(pc.replica, false)[before:]
+	pipelined := 0
+	for i, f := range fs {
+		switch {
+		case reflect.DeepEqual(f.msgs, cat(pollMsgs, readExec, pollMsgs)):
+			if i != pipelined {
+				t.Fatalf("flush %d carries the read after polls alone: %v", i, fs)
+			}
+			pipelined++
+		case reflect.DeepEqual(f.msgs, []string{"Query " + protoPoll}):
+		default:
+			t.Fatalf("flush %d: %q", i, f.msgs)
+		}
+	}
+	if pipelined < 1 || pipelined > 4 {
+		t.Errorf("%d reads sent along with a check, want 1 to 4", pipelined)
+	}
+	if st := pc.c.Stats(); st.Fallbacks != 1 || st.WaitTimeouts != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// An autocommit write the server fails: the caller gets the server's error
+// (a bare *pgconn.PgError), and the capture that rode behind it is still
+// read and covers it.
+func TestProtocolFailedWriteStillCaptures(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "")
+	pc.w.mu.Lock()
+	pc.w.failInsert = true
+	pc.w.mu.Unlock()
+	_, err := pc.db.Exec(protoInsert, 1)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Fatalf("got %v, want the server's 23505", err)
+	}
+	if _, ok := err.(*pgconn.PgError); !ok {
+		t.Errorf("error %T is not a bare *pgconn.PgError", err)
+	}
+	fs := with(flushes(pc.writer, false), "Bind "+protoInsert)
+	if len(fs) != 1 || !reflect.DeepEqual(fs[0].msgs, cat(insertExec, capFirst)) {
+		t.Fatalf("write flushes %v", fs)
+	}
+	if got := pgryw.PoolWatermark(pc.c); got != protoLSNText {
+		t.Errorf("pool watermark %s, want %s", got, protoLSNText)
+	}
+	if st := pc.c.Stats(); st.Captures != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// read_your_writes=off, and a pool without replicas: nothing of pgryw's on
+// the wire (no capture, no check, no trailing poll, no monitor).
+func TestProtocolNothingRidesAlong(t *testing.T) {
+	for _, tc := range []struct {
+		name, extra string
+		replicas    bool
+	}{
+		{"read_your_writes=off", "read_your_writes=off", true},
+		{"no replicas", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pc := newProtoCluster(t, "15.4", tc.extra)
+			db := pc.db
+			if !tc.replicas {
+				cfg, err := pgryw.ParseDSN(fmt.Sprintf("host=%s port=%d user=app dbname=app sslmode=disable connect_timeout=2", pc.writer.Host(), pc.writer.Port()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := pgryw.NewConnector(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				db = sql.OpenDB(c)
+				defer db.Close()
+			}
+			for i := 0; i < 2; i++ {
+				if _, err := db.Exec(protoInsert, 1); err != nil {
+					t.Fatal(err)
+				}
+				var v string
+				want := "old"
+				if !tc.replicas {
+					want = "writer"
+				}
+				if err := db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != want {
+					t.Fatalf("read: %q, %v; want %q", v, err, want)
+				}
+			}
+			time.Sleep(150 * time.Millisecond) // a monitor would have polled by now
+			for _, s := range []*pgfake.Server{pc.writer, pc.replica} {
+				for _, f := range flushes(s, true) {
+					if mentionsPgryw(f) {
+						t.Errorf("pgryw sent %v", f)
+					}
+				}
+			}
+		})
+	}
+}
+
+// An Exec'd BEGIN: nothing of pgryw's is sent while the block is open,
+// neither on the writer nor on a replica; the capture rides behind COMMIT
+// and, for a block that wrote, moves the pool's watermark.
+func TestProtocolExecBeginDefersCapture(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "")
+	ctx := context.Background()
+	conn, err := pc.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	mark := func() int { return len(flushes(pc.writer, true)) }
+	steps := []struct {
+		name string
+		run  func() error
+	}{
+		{"BEGIN", func() error { _, err := conn.ExecContext(ctx, "BEGIN"); return err }},
+		{"insert", func() error { _, err := conn.ExecContext(ctx, protoInsert, 1); return err }},
+		{"read", func() error {
+			var v string
+			err := conn.QueryRowContext(ctx, protoRead, 7).Scan(&v)
+			if err == nil && v != "writer" {
+				err = fmt.Errorf("got %q, want the writer's row (inside the block)", v)
+			}
+			return err
+		}},
+		{"COMMIT", func() error { _, err := conn.ExecContext(ctx, "COMMIT"); return err }},
+	}
+	var inBlock []flush
+	var commit []flush
+	for _, s := range steps {
+		n := mark()
+		if err := s.run(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		fs := flushes(pc.writer, true)[n:]
+		if s.name == "COMMIT" {
+			commit = fs
+		} else {
+			inBlock = append(inBlock, fs...)
+		}
+	}
+	for _, f := range inBlock {
+		if mentionsPgryw(f) {
+			t.Errorf("inside the block pgryw sent %q", f.msgs)
+		}
+	}
+	if len(inBlock) != 5 { // BEGIN; INSERT prepare, execute; read prepare, execute
+		t.Errorf("block took %d flushes, want 5: %v", len(inBlock), inBlock)
+	}
+	if len(commit) != 1 {
+		t.Fatalf("COMMIT took %d flushes, want 1", len(commit))
+	}
+	if want := cat([]string{"Query COMMIT"}, capFirst); !reflect.DeepEqual(commit[0].msgs, want) {
+		t.Fatalf("COMMIT flush\n %q\nwant\n %q", commit[0].msgs, want)
+	}
+	if !bytes.Equal(commit[0].batch.Raw, append(pgfake.Encode(&pgproto3.Query{String: "COMMIT"}), captureFirst...)) {
+		t.Fatalf("COMMIT flush bytes\n% x", commit[0].batch.Raw)
+	}
+	if fs := flushes(pc.replica, false); len(fs) != 0 {
+		t.Errorf("replica got %q while the block was open", fs[0].msgs)
+	}
+	if got := pgryw.PoolWatermark(pc.c); got != protoLSNText {
+		t.Errorf("pool watermark %s after COMMIT, want %s", got, protoLSNText)
+	}
+
+	// A block that only read: its COMMIT carries the capture too (the
+	// connection's floor), but the pool's watermark stays.
+	pc.w.mu.Lock()
+	pc.w.lsn = "0/3000200"
+	pc.w.mu.Unlock()
+	n := mark()
+	for _, s := range []func() error{steps[0].run, steps[2].run, steps[3].run} {
+		if err := s(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fs := flushes(pc.writer, true)[n:]
+	if len(fs) != 3 || mentionsPgryw(fs[0]) || mentionsPgryw(fs[1]) || !reflect.DeepEqual(fs[2].msgs, cat([]string{"Query COMMIT"}, capAgain)) {
+		t.Fatalf("read-only block: flushes %v", fs)
+	}
+	if got := pgryw.PoolWatermark(pc.c); got != protoLSNText {
+		t.Errorf("pool watermark %s after a read-only block, want %s still", got, protoLSNText)
+	}
+}
+
+// database/sql transactions. A read-write one runs on the writer with
+// nothing of pgryw's inside it; the capture rides behind its COMMIT (and
+// behind a ROLLBACK, which moves only the connection's floor, not the pool's
+// watermark). A read-only one runs on a replica whose check rides in front
+// of its BEGIN, with a trailing poll behind its COMMIT: three flushes.
+func TestProtocolTransactions(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "")
+	ctx := context.Background()
+	tx, err := pc.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v string
+	if err := tx.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "writer" {
+		t.Fatalf("read in the transaction: %q, %v", v, err)
+	}
+	if _, err := tx.Exec(protoInsert, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	fs := flushes(pc.writer, true)
+	if len(fs) != 6 {
+		t.Fatalf("read-write transaction took %d flushes, want 6: %v", len(fs), fs)
+	}
+	for _, f := range fs[:5] {
+		if mentionsPgryw(f) {
+			t.Errorf("inside the transaction pgryw sent %q", f.msgs)
+		}
+	}
+	if !reflect.DeepEqual(fs[0].msgs, []string{"Query begin"}) {
+		t.Errorf("BEGIN flush %q", fs[0].msgs)
+	}
+	if want := cat([]string{"Query commit"}, capFirst); !reflect.DeepEqual(fs[5].msgs, want) {
+		t.Fatalf("COMMIT flush\n %q\nwant\n %q", fs[5].msgs, want)
+	}
+	if got := pgryw.PoolWatermark(pc.c); got != protoLSNText {
+		t.Fatalf("pool watermark %s after COMMIT, want %s", got, protoLSNText)
+	}
+
+	// A rolled-back transaction: its capture moves nothing of the pool's.
+	pc.w.mu.Lock()
+	pc.w.lsn = "0/3000200"
+	pc.w.mu.Unlock()
+	tx, err = pc.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(protoInsert, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	fs = flushes(pc.writer, true)[6:]
+	if len(fs) != 3 || mentionsPgryw(fs[0]) || mentionsPgryw(fs[1]) || !reflect.DeepEqual(fs[2].msgs, cat([]string{"Query rollback"}, capAgain)) {
+		t.Fatalf("rolled-back transaction: flushes %v", fs)
+	}
+	if got := pgryw.PoolWatermark(pc.c); got != protoLSNText {
+		t.Fatalf("pool watermark %s after ROLLBACK, want %s still", got, protoLSNText)
+	}
+
+	// A read-only transaction: check with BEGIN, the read, COMMIT with a
+	// trailing poll, all on the replica.
+	pc.r.replays("0/3000200")
+	writerBefore := len(flushes(pc.writer, true))
+	rtx, err := pc.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rtx.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
+		t.Fatalf("read-only transaction: %q, %v", v, err)
+	}
+	if err := rtx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var got [][]string
+	for _, f := range flushes(pc.replica, true) {
+		if !monitorPoll(f.batch) {
+			got = append(got, f.msgs)
+		}
+	}
+	want := [][]string{
+		cat([]string{"Parse pgryw_poll"}, pollMsgs, []string{"Query begin isolation level repeatable read read only"}),
+		{"Parse " + protoRead, "Describe S " + protoRead, "Sync"},
+		readExec,
+		cat([]string{"Query commit"}, pollMsgs),
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("read-only transaction: replica flushes\n %q\nwant\n %q", got, want)
+	}
+	if n := len(flushes(pc.writer, true)); n != writerBefore {
+		t.Errorf("read-only transaction sent %d flushes to the writer", n-writerBefore)
+	}
+}
+
+// A write whose connection is cut after the statement arrived and before it
+// was answered: the caller gets an error that is not driver.ErrBadConn (so
+// database/sql does not run it again), and the server saw it once. The write
+// may have committed, so the next replica read first reads the writer's
+// position (its own round trip, on a new writer connection) and waits for
+// it: its check rides in front of pgx's prepare on a new replica
+// connection.
+func TestProtocolCutWriteRunsOnce(t *testing.T) {
+	for _, tc := range protoCuts {
+		t.Run(tc.name, func(t *testing.T) {
+			pc := newProtoCluster(t, "15.4", "")
+			err := cutWrite(t, pc, tc.exec)
+			if errors.Is(err, driver.ErrBadConn) {
+				t.Errorf("error %v is driver.ErrBadConn", err)
+			}
+			t.Logf("caller got %T: %v (io.ErrUnexpectedEOF: %v, ErrConnLost: %v)", err, err, errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, pgryw.ErrConnLost))
+			pc.w.mu.Lock()
+			inserts := pc.w.inserts
+			pc.w.cut = false
+			pc.w.mu.Unlock()
+			if inserts != 1 {
+				t.Errorf("server received the INSERT %d times, want 1 (error %v)", inserts, err)
+			}
+			if n := len(pc.writer.Conns()); n != 1 {
+				t.Fatalf("%d writer connections after the write: database/sql retried on a new one", n)
+			}
+
+			pc.r.replays(protoLSN)
+			var v string
+			if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
+				t.Fatalf("read after the cut write: %q, %v", v, err)
+			}
+			conns := pc.writer.Conns()
+			if len(conns) != 2 || len(conns[1].Batches()) == 0 {
+				t.Fatalf("no new writer connection for the position (%d connections)", len(conns))
+			}
+			if got := pgfake.Summary(conns[1].Batches()[0], nil); !reflect.DeepEqual(got, []string{"Query " + protoCapture}) {
+				t.Fatalf("new writer connection's first flush %q, want the capture alone", got)
+			}
+			var got [][]string
+			for _, f := range flushes(pc.replica, false) {
+				got = append(got, f.msgs)
+			}
+			want := [][]string{
+				cat([]string{"Parse pgryw_poll"}, pollMsgs, []string{"Parse " + protoRead, "Describe S " + protoRead, "Sync"}),
+				cat(readExec, pollMsgs),
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("replica flushes\n %q\nwant\n %q", got, want)
+			}
+		})
+	}
+}
+
+var protoCuts = []struct {
+	name string
+	exec func(db *sql.DB) error
+}{
+	{"argument", func(db *sql.DB) error { _, err := db.Exec(protoInsert, 1); return err }},
+	{"no argument", func(db *sql.DB) error { _, err := db.Exec(protoInsertLit); return err }},
+}
+
+// cutWrite runs exec with the writer set to hang up on the INSERT, and
+// returns its error.
+func cutWrite(t *testing.T, pc *protoCluster, exec func(*sql.DB) error) error {
+	t.Helper()
+	pc.w.mu.Lock()
+	pc.w.cut = true
+	pc.w.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := pc.db.PingContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := exec(pc.db)
+	if err == nil {
+		t.Fatal("write on a cut connection succeeded")
+	}
+	return err
+}
+
+// README ("Nothing runs twice"): "a connection lost after that is
+// pgryw.ErrConnLost", whether pgx called it safe to retry (no arguments) or
+// returned its own error (io.ErrUnexpectedEOF, still matched).
+func TestProtocolCutWriteIsErrConnLost(t *testing.T) {
+	for _, tc := range protoCuts {
+		t.Run(tc.name, func(t *testing.T) {
+			pc := newProtoCluster(t, "15.4", "")
+			if err := cutWrite(t, pc, tc.exec); !errors.Is(err, pgryw.ErrConnLost) {
+				t.Fatalf("got %v, want pgryw.ErrConnLost", err)
+			}
+		})
+	}
+}
