@@ -170,6 +170,7 @@ func (b *backend) control(ctx context.Context, query string) (row []string, null
 		}
 		return row, null, nil
 	}
+	// Test doubles only (sqlmock): the same through database/sql's rows.
 	rows, err := b.query(ctx, query, nil)
 	if err != nil {
 		return nil, nil, err

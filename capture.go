@@ -107,6 +107,7 @@ func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 	w := cn.primary
 	cls := ws.cls
 	if w.pg == nil {
+		// Test doubles only: they cannot report the transaction status.
 		switch cls.Tx {
 		case sqlclass.TxBegin:
 			w.txOpen = err == nil || w.txOpen
