@@ -11,7 +11,10 @@ if [ ! -f "$build" ]; then
   echo "ensure-pg19: $build not found (the shared/ folder beside the checkout)" >&2
   exit 1
 fi
-bindir=$(bash "$build" | tail -1)
+# Called from make, MAKELEVEL and MAKEFLAGS would reach PostgreSQL's own
+# make, which generates its headers only as a top-level make: without them
+# the build fails (utils/errcodes.h not found).
+bindir=$(env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS bash "$build" | tail -1)
 # The servers run as the postgres user when the tests run as root.
 chmod -R a+rX "$(dirname "$bindir")" 2>/dev/null || true
 echo "$bindir"
