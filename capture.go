@@ -106,15 +106,6 @@ func (cn *Conn) commits(cls *sqlclass.Result) bool {
 func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 	w := cn.primary
 	cls := ws.cls
-	if w.pg == nil {
-		// Test doubles only: they cannot report the transaction status.
-		switch cls.Tx {
-		case sqlclass.TxBegin:
-			w.txOpen = err == nil || w.txOpen
-		case sqlclass.TxCommit, sqlclass.TxRollback:
-			w.txOpen = false
-		}
-	}
 	pos, havePos := cn.settleCapture(ctx, w, ws.inj)
 	if err == nil && cls.Pin {
 		cn.pinned = true

@@ -238,14 +238,8 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		a := &attempt{ctx: ctx, cn: cn, b: b, run: run, trail: trail}
 		res, chkErr := waitOK, error(nil)
 		switch {
-		case check && b.wire != nil:
-			res, chkErr = cn.pipelined(ctx, a, wm)
 		case check:
-			// Test doubles only (routing_test.go's sqlmock backends have
-			// no wire layer): a wait with round trips of its own.
-			if res, chkErr = cn.c.waitReplica(ctx, b, wm); chkErr == nil && res == waitOK {
-				a.read()
-			}
+			res, chkErr = cn.pipelined(ctx, a, wm)
 		default:
 			a.read()
 		}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/pgryw/pgryw/internal/ctxsleep"
 	"github.com/pgryw/pgryw/internal/wire"
 
 	"github.com/pgryw/pgryw/internal/lsn"
@@ -102,40 +101,6 @@ func (c *Connector) useWaitFor(b *backend) bool {
 	return b.major >= 19
 }
 
-// waitReplica makes sure the replica behind b has replayed target, within the
-// connector's budget or the context's deadline, whichever is sooner. err is
-// non-nil only when the wait could not be carried out (connection trouble,
-// cancellation); a replica that is merely behind is waitTimeout.
-func (c *Connector) waitReplica(ctx context.Context, b *backend, target lsn.LSN) (waitResult, error) {
-	budget := c.budget(ctx)
-	if budget <= 0 {
-		return waitTimeout, ctx.Err()
-	}
-	c.stats.waits.Add(1)
-	var (
-		res waitResult
-		err error
-	)
-	if c.useWaitFor(b) {
-		res, err = c.waitFor(ctx, b, target, budget)
-	} else {
-		res, err = c.poll(ctx, b, target, budget)
-	}
-	if res == waitTimeout && err == nil {
-		c.stats.waitTimeouts.Add(1)
-	}
-	return res, err
-}
-
-func (c *Connector) waitFor(ctx context.Context, b *backend, target lsn.LSN, budget time.Duration) (waitResult, error) {
-	c.stats.waitFors.Add(1)
-	row, _, err := b.control(ctx, waitForSQL(target, budget))
-	if err != nil {
-		return waitTimeout, err
-	}
-	return c.waitForAnswer(b, row, target)
-}
-
 // waitForAnswer reads WAIT FOR's status row, sent with its own round trip or
 // riding in front of a read.
 func (c *Connector) waitForAnswer(b *backend, row []string, target lsn.LSN) (waitResult, error) {
@@ -227,23 +192,6 @@ func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn
 		return waitOK, nil
 	}
 	return waitBehind, nil
-}
-
-func (c *Connector) poll(ctx context.Context, b *backend, target lsn.LSN, budget time.Duration) (waitResult, error) {
-	deadline := time.Now().Add(budget)
-	for attempt := 0; ; attempt++ {
-		res, err := c.pollOnce(ctx, b, target)
-		if err != nil || res != waitBehind {
-			return res, err
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return waitTimeout, nil
-		}
-		if err := ctxsleep.Sleep(ctx, min(c.pollDelay(b.node, target, attempt), left)); err != nil {
-			return waitTimeout, err
-		}
-	}
 }
 
 // Names of pgryw's prepared statements on server connections.
