@@ -195,17 +195,45 @@ func (cn *Conn) staleRead(cls *sqlclass.Result, ws *primaryStmt, err error) bool
 // routeReplica decides, outside any transaction, whether a statement goes to
 // a replica.
 func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, error) {
-	read := cn.c.readOnly(cls)
-	replicaHint := cls.Hint == sqlclass.HintReplica || wantsReplica(ctx)
-	if replicaHint && !read {
+	toReplica, refused := decide(routeInput{
+		read:        cn.c.readOnly(cls),
+		hintReplica: cls.Hint == sqlclass.HintReplica || wantsReplica(ctx),
+		hintPrimary: cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx),
+		pinned:      cn.pinned,
+		inBlock:     !cn.primary.idle(),
+	})
+	if refused {
 		return false, fmt.Errorf("%w (%s)", ErrReplicaHint, cls.Reason)
 	}
-	if !read || cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx) || !cn.primary.idle() {
-		return false, nil
+	return toReplica, nil
+}
+
+// routeInput is everything the routing decision for one statement outside a
+// database/sql transaction depends on.
+type routeInput struct {
+	read        bool // only reads: the classifier, the catalog, read_/write_functions
+	hintReplica bool // /* pgryw:replica */ or WithReplica(ctx)
+	hintPrimary bool // /* pgryw:primary */ or WithPrimary(ctx)
+	pinned      bool // session state lives on this connection's primary session
+	inBlock     bool // an Exec'd transaction block is open on the primary
+}
+
+// decide is the routing decision, a pure function (its table is in
+// decide_test.go): whether the statement goes to a replica, or is refused
+// because a replica hint asks for one on a statement that must run on the
+// primary. Which replica, and whether it must be checked first, is
+// topology.pick's part; whether the statement pins the connection is
+// sqlclass.Result.Pin.
+func decide(in routeInput) (toReplica, refused bool) {
+	switch {
+	case in.hintReplica && !in.read:
+		return false, true
+	case !in.read || in.hintPrimary || in.inBlock:
+		return false, false
 	}
 	// A replica hint overrides pinning: the caller says the statement does
 	// not depend on this connection's session state.
-	return !cn.pinned || replicaHint, nil
+	return !in.pinned || in.hintReplica, false
 }
 
 var (

@@ -1,0 +1,43 @@
+package pgryw
+
+import "testing"
+
+// The routing decision's whole table: every combination of its inputs.
+func TestDecide(t *testing.T) {
+	for i := 0; i < 1<<5; i++ {
+		in := routeInput{read: i&1 != 0, hintReplica: i&2 != 0, hintPrimary: i&4 != 0, pinned: i&8 != 0, inBlock: i&16 != 0}
+		var wantReplica, wantRefused bool
+		switch {
+		case in.hintReplica && !in.read:
+			wantRefused = true // a write cannot obey a replica hint
+		case !in.read, in.hintPrimary, in.inBlock:
+			// a write, a primary hint, or an Exec'd block: the primary
+		case in.pinned:
+			wantReplica = in.hintReplica // session state: only a replica hint leaves
+		default:
+			wantReplica = true
+		}
+		toReplica, refused := decide(in)
+		if toReplica != wantReplica || refused != wantRefused {
+			t.Errorf("%+v: replica=%v refused=%v, want %v %v", in, toReplica, refused, wantReplica, wantRefused)
+		}
+	}
+	// The cases the README's routing table names.
+	for _, c := range []struct {
+		name string
+		in   routeInput
+		want bool
+	}{
+		{"a read", routeInput{read: true}, true},
+		{"a write", routeInput{}, false},
+		{"a read with /* pgryw:primary */", routeInput{read: true, hintPrimary: true}, false},
+		{"a read on a pinned connection", routeInput{read: true, pinned: true}, false},
+		{"a read with /* pgryw:replica */ on a pinned connection", routeInput{read: true, pinned: true, hintReplica: true}, true},
+		{"a read inside an Exec'd BEGIN", routeInput{read: true, inBlock: true}, false},
+		{"both hints: primary wins", routeInput{read: true, hintPrimary: true, hintReplica: true}, false},
+	} {
+		if got, _ := decide(c.in); got != c.want {
+			t.Errorf("%s: replica=%v, want %v", c.name, got, c.want)
+		}
+	}
+}
