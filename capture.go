@@ -39,13 +39,17 @@ type primaryStmt struct {
 	seen       lostSeen        // lost counts before it was sent
 }
 
-// lostSeen holds the sessions' lost counts read before a capture was sent.
-type lostSeen struct{ conn, db uint64 }
+// lostSeen holds the sessions' lost counts read before a capture was sent:
+// the connection's, the pool's and the context's Session's.
+type lostSeen struct{ conn, db, ctx uint64 }
 
-func (cn *Conn) lostSeen() lostSeen {
+func (cn *Conn) lostSeen(ctx context.Context) lostSeen {
 	s := lostSeen{conn: cn.sess.lost.Load()}
 	if cn.c.cfg.SessionScope == ScopeDB {
 		s.db = cn.c.db.lost.Load()
+	}
+	if cs := SessionFrom(ctx); cs != nil {
+		s.ctx = cs.lost.Load()
 	}
 	return s
 }
@@ -69,18 +73,18 @@ func endsIdle(cls *sqlclass.Result, idleBefore bool) bool {
 
 // beforePrimary prepares a statement about to run on the primary: it arms the
 // ride-along capture where one may run.
-func (cn *Conn) beforePrimary(cls *sqlclass.Result) primaryStmt {
-	return cn.beforePrimaryCommits(cls, cn.commits(cls))
+func (cn *Conn) beforePrimary(ctx context.Context, cls *sqlclass.Result) primaryStmt {
+	return cn.beforePrimaryCommits(ctx, cls, cn.commits(cls))
 }
 
-func (cn *Conn) beforePrimaryCommits(cls *sqlclass.Result, commits bool) primaryStmt {
+func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, commits bool) primaryStmt {
 	w := cn.primary
 	ws := primaryStmt{cls: cls, idleBefore: w.idle()}
 	if !cn.c.cfg.ReadYourWrites {
 		return ws
 	}
 	ws.commits = commits
-	ws.seen = cn.lostSeen()
+	ws.seen = cn.lostSeen(ctx)
 	if w.wire != nil && endsIdle(cls, ws.idleBefore) {
 		ws.inj = w.injectPrepared(&w.post, stmtCapture, sqlCapture)
 		w.wire.AppendAfterExec(ws.inj)
@@ -158,7 +162,7 @@ func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 	}
 	switch {
 	case havePos && wrote:
-		cn.advance(pos, ws.seen)
+		cn.advance(ctx, pos, ws.seen)
 	case havePos:
 		cn.raiseConn(pos, ws.seen)
 	case wrote && !closed && !inBlock && ctx.Err() == nil:
@@ -166,11 +170,11 @@ func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 		// control): read the position with a round trip of its own.
 		cn.captureNow(ctx)
 	case wrote:
-		cn.markLost(true)
+		cn.markLost(ctx, true)
 	case w.wire != nil && !closed && !inBlock:
 		// A statement that read on the primary without a position: the
 		// connection's next replica read must not see less.
-		cn.markLost(false)
+		cn.markLost(ctx, false)
 	}
 }
 
@@ -223,37 +227,44 @@ func (cn *Conn) await(ctx context.Context, b *backend, inj *wire.Injection) bool
 // its own, within the caller's context, and advances the watermarks. If it
 // cannot, the position is marked lost.
 func (cn *Conn) captureNow(ctx context.Context) {
-	seen := cn.lostSeen()
+	seen := cn.lostSeen(ctx)
 	l, err := capture(ctx, cn.primary)
 	if err != nil {
 		cn.c.stats.captureFailures.Add(1)
-		cn.markLost(true)
+		cn.markLost(ctx, true)
 		return
 	}
 	cn.c.stats.captures.Add(1)
-	cn.advance(l, seen)
+	cn.advance(ctx, l, seen)
 }
 
 // markLost records a position that could not be read: a possible commit's
 // (on this connection and, with session_scope=db, on the pool), or only
 // this connection's read floor.
-func (cn *Conn) markLost(commit bool) {
+func (cn *Conn) markLost(ctx context.Context, commit bool) {
 	cn.sess.markLost()
 	if commit && cn.c.cfg.SessionScope == ScopeDB {
 		cn.c.db.markLost()
+	}
+	if cs := SessionFrom(ctx); commit && cs != nil {
+		cs.markLost()
 	}
 }
 
 // advance raises the watermarks this connection answers to after a possible
 // commit, records the primary's position for lag estimates, and marks the
 // losses seen before the capture was sent as covered.
-func (cn *Conn) advance(l lsn.LSN, seen lostSeen) {
+func (cn *Conn) advance(ctx context.Context, l lsn.LSN, seen lostSeen) {
 	cn.c.topo.hist.add(l, time.Now().UnixNano())
 	cn.sess.wm.Advance(l)
 	cn.sess.cover(seen.conn)
 	if cn.c.cfg.SessionScope == ScopeDB {
 		cn.c.db.wm.Advance(l)
 		cn.c.db.cover(seen.db)
+	}
+	if cs := SessionFrom(ctx); cs != nil {
+		cs.advanceAt(cn.c.generationOf(ctx, cn.primary), l)
+		cs.cover(seen.ctx)
 	}
 }
 
@@ -265,29 +276,58 @@ func (cn *Conn) raiseConn(l lsn.LSN, seen lostSeen) {
 	cn.sess.cover(seen.conn)
 }
 
-// watermark returns the position a replica read must see: this connection's
-// and, with session_scope=db, the pool's. If a position was lost it
-// captures a fresh one first (the primary connection is idle here).
+// watermark returns the position a replica read must see: this
+// connection's, with session_scope=db the pool's, and the context's
+// Session's. If a position was lost it captures a fresh one first (the
+// primary connection is idle here); so it does for a Session whose position
+// belongs to another primary generation (a token from before a failover:
+// the current position covers every write of it that survived) or lies
+// beyond anything the primary is known to have written (a forged or stale
+// unsigned token: clamped, so that no read waits for a position that will
+// not come).
 func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
 	if !cn.c.cfg.ReadYourWrites {
 		return 0, nil
 	}
 	db := cn.c.cfg.SessionScope == ScopeDB
+	cs := SessionFrom(ctx)
 	_, connLost := cn.sess.pending()
-	dbLost := false
+	dbLost, csLost := false, false
 	if db {
 		_, dbLost = cn.c.db.pending()
 	}
-	if connLost || dbLost {
-		seen := cn.lostSeen()
+	var csGen generation
+	var csPos lsn.LSN
+	if cs != nil {
+		_, csLost = cs.pending()
+		csGen, csPos = cs.position()
+	}
+	var gen generation
+	if csPos > 0 {
+		gen = cn.c.generationOf(ctx, cn.primary)
+	}
+	foreign := csPos > 0 && csGen != gen
+	// Only an unsigned position can be forged; a signed one was issued
+	// after a real commit.
+	beyond := csPos > 0 && !foreign && !cs.signed() && csPos > cn.c.topo.hist.latest()
+	if connLost || dbLost || csLost || foreign || beyond {
+		seen := cn.lostSeen(ctx)
 		l, err := capture(ctx, cn.primary)
 		if err != nil {
 			cn.c.stats.captureFailures.Add(1)
 			return 0, err
 		}
 		cn.c.stats.captures.Add(1)
-		if dbLost {
-			cn.advance(l, seen)
+		switch {
+		case foreign:
+			cn.c.stats.tokensRebased.Add(1)
+			cs.rebase(gen, l)
+		case beyond && csPos > l:
+			cn.c.stats.tokensClamped.Add(1)
+			cs.rebase(gen, l)
+		}
+		if dbLost || csLost {
+			cn.advance(ctx, l, seen)
 		} else {
 			cn.raiseConn(l, seen)
 		}
@@ -295,6 +335,9 @@ func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
 	wm := cn.sess.wm.Load()
 	if db {
 		wm = max(wm, cn.c.db.wm.Load())
+	}
+	if cs != nil {
+		wm = max(wm, cs.wm.Load())
 	}
 	return wm, nil
 }
@@ -330,7 +373,7 @@ func (cn *Conn) RunOnPrimary(ctx context.Context, f func(*pgx.Conn) error) error
 	case cn.tx != nil && !cn.tx.onReplica:
 		cn.tx.wrote = true
 	case w.closed():
-		cn.markLost(true)
+		cn.markLost(ctx, true)
 	case !w.idle():
 		// f opened a block (or left one open): its COMMIT captures.
 		cn.blockWrote = true

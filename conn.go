@@ -16,7 +16,7 @@ type Conn struct {
 	primary  *backend
 	replicas []*backend // by replica index; nil until used
 
-	sess session // this connection's own watermark
+	sess Session // this connection's own watermark
 
 	// pinned: a statement changed session state (SET, PREPARE, LISTEN, a
 	// temporary table, an advisory lock...) on the primary connection; every
@@ -122,11 +122,11 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 			return res, err
 		}
 	}
-	ws := cn.beforePrimary(&cls)
+	ws := cn.beforePrimary(ctx, &cls)
 	res, err := cn.primary.exec(ctx, query, args)
 	if cn.staleRead(&cls, &ws, err) {
 		cn.afterPrimary(ctx, &ws, err)
-		ws = cn.beforePrimary(&cls)
+		ws = cn.beforePrimary(ctx, &cls)
 		res, err = cn.primary.exec(ctx, query, args)
 	}
 	cn.afterPrimary(ctx, &ws, err)
@@ -166,11 +166,11 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 			return &afterRows{Rows: rows, done: func(error) { done() }}, nil
 		}
 	}
-	ws := cn.beforePrimary(&cls)
+	ws := cn.beforePrimary(ctx, &cls)
 	rows, err := cn.primary.query(ctx, query, args)
 	if cn.staleRead(&cls, &ws, err) {
 		cn.afterPrimary(ctx, &ws, err)
-		ws = cn.beforePrimary(&cls)
+		ws = cn.beforePrimary(ctx, &cls)
 		rows, err = cn.primary.query(ctx, query, args)
 	}
 	if err != nil || ws.inj == nil && !ws.commits {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -66,15 +68,17 @@ type Connector struct {
 	replicas []driver.Connector
 	topo     topology
 
-	db      session
+	db      Session
 	classes classCache
 
 	readFuncs, writeFuncs map[string]bool
 	funcs                 funcCatalog
 	noCatalog             bool // unit tests: no primary to ask
 
-	stats counters
-	mon   monitor
+	stats    counters
+	mon      monitor
+	gen      atomic.Pointer[generation] // the primary's, once known
+	genTried atomic.Bool
 
 	// dial opens a backend connection; replaced by unit tests to put
 	// go-sqlmock connections in place of servers.
@@ -262,6 +266,47 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 	return &Conn{c: c, primary: newBackend(wc, c.topo.primary), replicas: make([]*backend, len(c.topo.replicas))}, nil
 }
 
+// sqlGeneration names the primary's history: its system identifier, and its
+// timeline as the first eight hex digits of the current WAL file's name.
+const sqlGeneration = "SELECT s.system_identifier::text, pg_walfile_name(pg_current_wal_insert_lsn()) FROM pg_control_system() s"
+
+// generationOf returns the primary's generation, reading it on b (idle on
+// the primary) the first time a Session needs it: one round trip per
+// connector, paid only by applications that use Sessions. A server that
+// refuses the query (pg_control_system may be restricted) is not asked
+// again; Session positions then carry no generation, and tokens of any
+// generation are taken as this one's.
+func (c *Connector) generationOf(ctx context.Context, b *backend) generation {
+	if g := c.gen.Load(); g != nil || c.genTried.Load() || b.pg == nil {
+		return c.generation()
+	}
+	row, _, err := b.control(ctx, sqlGeneration)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		c.genTried.Store(true)
+	}
+	if err != nil || len(row) != 2 || len(row[1]) < 8 {
+		return generation{}
+	}
+	sys, err1 := strconv.ParseUint(row[0], 10, 64)
+	tli, err2 := strconv.ParseUint(row[1][:8], 16, 32)
+	if err1 != nil || err2 != nil {
+		c.genTried.Store(true)
+		return generation{}
+	}
+	g := generation{system: sys, timeline: uint32(tli)}
+	c.gen.Store(&g)
+	return g
+}
+
+// generation returns the primary's generation, or zero while unknown.
+func (c *Connector) generation() generation {
+	if g := c.gen.Load(); g != nil {
+		return *g
+	}
+	return generation{}
+}
+
 // Driver implements driver.Connector.
 func (c *Connector) Driver() driver.Driver { return &Driver{} }
 
@@ -279,12 +324,15 @@ type Stats struct {
 	WaitTimeouts    int64 // waits whose budget ran out
 	Captures        int64 // primary positions read after a commit
 	CaptureFailures int64 // commits whose position could not be read (the next read re-captures)
+	TokensClamped   int64 // Session positions beyond anything the primary had written, lowered to its position
+	TokensRebased   int64 // Session positions from another primary generation, moved to the current one
 }
 
 type counters struct {
 	replicaReads, primaryReads, fallbacks, staleReads, behindErrors atomic.Int64
 	waits, waitTimeouts, captures, captureFailures                  atomic.Int64
 	waitFors                                                        atomic.Int64 // checks sent as WAIT FOR LSN
+	tokensClamped, tokensRebased                                    atomic.Int64
 }
 
 // Stats returns the connector's counters.
@@ -294,6 +342,7 @@ func (c *Connector) Stats() Stats {
 		ReplicaReads: s.replicaReads.Load(), PrimaryReads: s.primaryReads.Load(), Fallbacks: s.fallbacks.Load(),
 		StaleReads: s.staleReads.Load(), BehindErrors: s.behindErrors.Load(), Waits: s.waits.Load(),
 		WaitTimeouts: s.waitTimeouts.Load(), Captures: s.captures.Load(), CaptureFailures: s.captureFailures.Load(),
+		TokensClamped: s.tokensClamped.Load(), TokensRebased: s.tokensRebased.Load(),
 	}
 }
 

@@ -43,7 +43,7 @@ func ExampleNewConnector() {
 	// Where did the reads go?
 	fmt.Printf("%+v\n", c.Stats())
 	// Output:
-	// {ReplicaReads:0 PrimaryReads:0 Fallbacks:0 StaleReads:0 BehindErrors:0 Waits:0 WaitTimeouts:0 Captures:0 CaptureFailures:0}
+	// {ReplicaReads:0 PrimaryReads:0 Fallbacks:0 StaleReads:0 BehindErrors:0 Waits:0 WaitTimeouts:0 Captures:0 CaptureFailures:0 TokensClamped:0 TokensRebased:0}
 }
 
 func ExampleWithPrimary() {
@@ -70,4 +70,25 @@ func ExampleErrReplicaBehind() {
 		// primary explicitly with pgryw.WithPrimary.
 		fmt.Println("replica behind:", err)
 	}
+}
+
+// A token travels in a job payload: the web process that wrote hands it to
+// the worker, which observes it before it reads.
+func ExampleSession_Token() {
+	// In the web process, with db a pgryw pool:
+	s := pgryw.NewSession()
+	ctx := pgryw.WithSession(context.Background(), s)
+	_ = ctx // db.ExecContext(ctx, "INSERT INTO orders …")
+	payload := map[string]string{"order": "42", "pgryw_token": s.Token()}
+
+	// In the worker process:
+	w := pgryw.NewSession()
+	if err := w.Observe(payload["pgryw_token"]); err != nil {
+		fmt.Println("bad token:", err)
+		return
+	}
+	wctx := pgryw.WithSession(context.Background(), w)
+	_ = wctx // db.QueryRowContext(wctx, "SELECT … FROM orders WHERE id = $1", 42): sees the order
+	fmt.Println(pgryw.SessionFrom(wctx) == w)
+	// Output: true
 }

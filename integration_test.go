@@ -29,6 +29,11 @@ func TestMain(m *testing.M) {
 		// A fuzzing run (and each of its worker processes) needs no servers.
 		os.Exit(m.Run())
 	}
+	if os.Getenv(childDSNEnv) != "" {
+		// A child process of TestIntegrationSessionTokenAcrossProcesses:
+		// it uses the parent's cluster.
+		os.Exit(m.Run())
+	}
 	os.Exit(pgtest.Main(m, pgtest.Options{Replicas: 2}, func(c *pgtest.Cluster) { cluster = c }))
 }
 

@@ -134,6 +134,16 @@ func (h *history) add(l lsn.LSN, t int64) {
 	h.lsn[i], h.at[i] = uint64(l), t
 }
 
+// latest returns the highest primary position recorded, or 0.
+func (h *history) latest() lsn.LSN {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n == 0 {
+		return 0
+	}
+	return lsn.LSN(h.lsn[(h.head+h.n-1)%historySize])
+}
+
 // firstAfter returns the time the primary was first seen past l (strictly if
 // strict, else at or past), and false when it never was (as far as we know).
 func (h *history) firstAfter(l lsn.LSN, strict bool) (int64, bool) {

@@ -156,7 +156,7 @@ func (a *attempt) finish() {
 	a.post = nil
 	if inj == nil {
 		if b.wire != nil && cn.c.cfg.ReadYourWrites && a.trail {
-			cn.markLost(false)
+			cn.markLost(a.ctx, false)
 		}
 		return
 	}
@@ -167,7 +167,7 @@ func (a *attempt) finish() {
 				b.node.markRefused()
 			}
 		}
-		cn.markLost(false)
+		cn.markLost(a.ctx, false)
 		return
 	}
 	row, null := inj.Row()
@@ -178,7 +178,7 @@ func (a *attempt) finish() {
 		if err == nil && !inRecovery {
 			b.node.notStandby.Store(true)
 		}
-		cn.markLost(false)
+		cn.markLost(a.ctx, false)
 		return
 	}
 	cn.c.topo.observe(b.node, l, time.Now().UnixNano())

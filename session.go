@@ -2,21 +2,32 @@ package pgryw
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/pgryw/pgryw/internal/lsn"
+	"github.com/pgryw/pgryw/internal/token"
 )
 
-// A session is whatever owns a read-your-writes watermark: each connection
-// has one, and with session_scope=db the connector has one more shared by the
-// whole pool. A committed write advances every watermark its connection
-// answers to; a replica read waits for the highest of them. A read raises
+// A Session is whatever owns a read-your-writes watermark: each connection
+// has one, with session_scope=db the connector has one more shared by the
+// whole pool, and an application can make its own (NewSession) to carry
+// across requests, processes and devices as a token. A committed write
+// advances every watermark its connection answers to, and the Session of
+// its context; a replica read waits for the highest of them. A read raises
 // only its connection's watermark, to a position at or past everything it
-// saw (monotonic reads): the pool's watermark moves with writes alone, so
-// one session's reads never make another session wait.
+// saw (monotonic reads): the pool's watermark and an application's Session
+// move with writes alone, so one session's reads never make another wait.
 
-// session is the watermark state of one scope.
-type session struct {
+// Session is a read-your-writes position that outlives connections: what a
+// session knows of its writes (the primary's position after its latest
+// commit, and the primary's generation that position belongs to). Attach it
+// to a context with WithSession: statements run with that context advance
+// it and replica reads wait for it. Carry it between requests, processes or
+// devices as a string with Token and Observe. A Session is safe for
+// concurrent use; the zero value is not ready (use NewSession).
+type Session struct {
 	wm lsn.Watermark
 	// lost counts commits (or, for a connection, reads) whose position is
 	// not known: the capture failed, the connection broke, or the caller's
@@ -28,27 +39,174 @@ type session struct {
 	// lost a position leave that loss pending.
 	lost    atomic.Uint64
 	covered atomic.Uint64
+
+	mu   sync.Mutex
+	gen  generation // the primary generation of wm's position; zero: none yet
+	keys [][]byte   // token keys: the first signs, all verify
+}
+
+// generation names one history of the primary: its system identifier and
+// timeline. Positions of different generations are not comparable.
+type generation struct {
+	system   uint64
+	timeline uint32
+}
+
+// SessionOption configures NewSession.
+type SessionOption func(*Session)
+
+// SessionKeys makes the Session's tokens signed (HMAC-SHA256 with the first
+// key) and makes Observe accept only tokens signed with one of the keys, so
+// that a client cannot forge a far-future position. List a new key first
+// and keep the old ones while tokens signed with them may still arrive.
+func SessionKeys(keys ...[]byte) SessionOption {
+	return func(s *Session) {
+		for _, k := range keys {
+			s.keys = append(s.keys, append([]byte(nil), k...))
+		}
+	}
+}
+
+// NewSession returns an empty Session: no position until a write commits
+// with it or a token is observed.
+func NewSession(opts ...SessionOption) *Session {
+	s := &Session{}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // markLost records a commit or read whose position is unknown.
-func (s *session) markLost() { s.lost.Add(1) }
+func (s *Session) markLost() { s.lost.Add(1) }
 
 // pending returns the lost count to pass to cover once a capture sent after
 // this call has returned, and whether any loss is still uncovered.
-func (s *session) pending() (uint64, bool) {
+func (s *Session) pending() (uint64, bool) {
 	l := s.lost.Load()
 	return l, l > s.covered.Load()
 }
 
 // cover records that a capture sent when lost was at seen has been applied
 // to the watermark.
-func (s *session) cover(seen uint64) {
+func (s *Session) cover(seen uint64) {
 	for {
 		cur := s.covered.Load()
 		if seen <= cur || s.covered.CompareAndSwap(cur, seen) {
 			return
 		}
 	}
+}
+
+// advanceAt raises the position to l of generation g. A position of
+// another generation replaces it: the new history is where the session's
+// writes are now (a write lost with the old primary is gone).
+func (s *Session) advanceAt(g generation, l lsn.LSN) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gen != g && s.gen != (generation{}) && g != (generation{}) {
+		s.wm.Reset()
+	}
+	if g != (generation{}) {
+		s.gen = g
+	}
+	s.wm.Advance(l)
+}
+
+// rebase sets the position to l of generation g, even lower: a token's
+// position from another history, or beyond anything the primary has.
+func (s *Session) rebase(g generation, l lsn.LSN) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gen = g
+	s.wm.Reset()
+	s.wm.Advance(l)
+}
+
+// signed reports whether the session's tokens are signed (it has keys).
+func (s *Session) signed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.keys) > 0
+}
+
+// position returns the generation and position.
+func (s *Session) position() (generation, lsn.LSN) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen, s.wm.Load()
+}
+
+// Token returns the session's position as a compact string, safe in a
+// URL, an HTTP header, a cookie or a job payload (signed when the Session
+// has keys), or "" before the session has a position. Another Session, in
+// this process or another, takes it in with Observe.
+func (s *Session) Token() string {
+	g, l := s.position()
+	if l == 0 {
+		return ""
+	}
+	t := token.Token{SystemID: g.system, Timeline: g.timeline, LSN: l}
+	s.mu.Lock()
+	keys := s.keys
+	s.mu.Unlock()
+	if len(keys) > 0 {
+		return token.Sign(t, keys[0])
+	}
+	return t.String()
+}
+
+// Observe merges a token from Token into the session: its position only
+// moves forward (a token of another primary generation replaces it; the
+// next replica read rebases it onto the current primary). A malformed
+// token, or with keys one not signed with any of them, is an error and
+// changes nothing. An empty token is no position and no error. A position
+// beyond anything the primary has written is clamped to the primary's
+// position when the session is next used (Stats.TokensClamped), so a forged
+// unsigned token cannot make reads wait.
+func (s *Session) Observe(tok string) error {
+	if tok == "" {
+		return nil
+	}
+	s.mu.Lock()
+	keys := s.keys
+	s.mu.Unlock()
+	t, err := token.Parse(tok, keys)
+	if err != nil {
+		return fmt.Errorf("pgryw: token: %w", err)
+	}
+	if t.LSN == 0 {
+		return nil
+	}
+	g := generation{system: t.SystemID, timeline: t.Timeline}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gen != g && s.wm.Load() != 0 {
+		// Another history: the later timeline of one system wins; from
+		// another system, the token observed last.
+		if s.gen.system == g.system && g.timeline < s.gen.timeline {
+			return nil
+		}
+		s.wm.Reset()
+	}
+	s.gen = g
+	s.wm.Advance(t.LSN)
+	return nil
+}
+
+type sessionKey struct{}
+
+// WithSession returns a context whose statements use s: committed writes
+// advance it (as well as the connection's and the pool's watermarks) and
+// replica reads wait for its position too.
+func WithSession(ctx context.Context, s *Session) context.Context {
+	return context.WithValue(ctx, sessionKey{}, s)
+}
+
+// SessionFrom returns the Session attached to ctx by WithSession, or nil.
+func SessionFrom(ctx context.Context) *Session {
+	s, _ := ctx.Value(sessionKey{}).(*Session)
+	return s
 }
 
 type ctxKey int

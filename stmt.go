@@ -209,7 +209,7 @@ func (t *tx) end(f func() error, commit bool) error {
 	if commit {
 		end = sqlclass.Result{Tx: sqlclass.TxCommit, Write: t.wrote}
 	}
-	ws := cn.beforePrimaryCommits(&end, commit && t.wrote)
+	ws := cn.beforePrimaryCommits(t.ctx, &end, commit && t.wrote)
 	err := f()
 	cn.afterPrimary(t.ctx, &ws, err)
 	return err
