@@ -2,12 +2,12 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: test test-pg19 test-pg18 unit vet generate generate-check dockertest fuzz fuzz-all difftest ormcheck demo bench postgres check-long
+.PHONY: test test-pg19 test-pg18 unit vet generate generate-check dockertest redisstore fuzz fuzz-all difftest ormcheck demo bench postgres check-long
 
 test: postgres vet
 	@./scripts/pg-version.sh "" "Debian's server: every test, with -race"
 	$(GO) test -race -count=1 ./...
-	$(MAKE) difftest ormcheck dockertest fuzz generate-check
+	$(MAKE) difftest ormcheck dockertest redisstore fuzz generate-check
 	$(MAKE) test-pg19 test-pg18
 
 # The generated classifier table matches what the server says.
@@ -48,6 +48,7 @@ vet:
 	cd internal/ormcheck && $(GO) vet ./... && $(STATICCHECK) ./...
 	cd internal/pgquerycheck && $(GO) vet ./... && $(STATICCHECK) ./...
 	cd internal/dockertest && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd redisstore && $(GO) vet ./... && $(STATICCHECK) ./...
 
 unit:
 	$(GO) test -count=1 -short ./...
@@ -64,6 +65,11 @@ difftest:
 # Without a Docker engine, as on CI, its tests check that it steps aside.
 dockertest:
 	cd internal/dockertest && $(GO) test -count=1 ./...
+
+# The Redis TokenStore (its own module); its tests start a real
+# redis-server on loopback, installing Debian's package when missing.
+redisstore:
+	cd redisstore && $(GO) test -race -count=1 ./...
 
 # sqlx and GORM on pgryw against real replicas; its own module, so pgryw's
 # users never download them.
