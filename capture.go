@@ -171,9 +171,11 @@ func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 		cn.captureNow(ctx)
 	case wrote:
 		cn.markLost(ctx, true)
-	case w.wire != nil && !closed && !inBlock:
-		// A statement that read on the primary without a position: the
-		// connection's next replica read must not see less.
+	case w.wire != nil && (closed || !inBlock):
+		// A statement that read on the primary without a position (its
+		// answer was lost, or the caller's context ended first and the
+		// connection was closed): the connection's next replica read must
+		// not see less, so it captures first.
 		cn.markLost(ctx, false)
 	}
 }
