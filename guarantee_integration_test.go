@@ -151,21 +151,11 @@ func (c *cutConn) Write(b []byte) (int, error) {
 // retry, and database/sql ran the INSERT again and returned success).
 func TestIntegrationPartialWriteRunsOnce(t *testing.T) {
 	table := newTable(t)
-	cfg, err := pgryw.ParseDSN(cluster.WriterDSN() + "&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := pgryw.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var armed atomic.Bool
 	marker := []byte("INSERT INTO " + table)
-	pgryw.SetNetHook(c, func(port uint16, nc net.Conn) net.Conn {
+	db := openHooked(t, "", func(nc net.Conn) net.Conn {
 		return &cutConn{Conn: nc, marker: marker, armed: &armed}
 	})
-	db := sql.OpenDB(c)
-	defer db.Close()
 	ctx := context.Background()
 	for i := 1; i <= 3; i++ {
 		armed.Store(true)
@@ -570,7 +560,18 @@ func (c *faultConn) Read(b []byte) (int, error) {
 // openFaulty opens a pool whose server connections go through faultConn.
 func openFaulty(t *testing.T, marker string, delay time.Duration, cutAnswer bool) (*sql.DB, *atomic.Bool) {
 	t.Helper()
-	cfg, err := pgryw.ParseDSN(cluster.WriterDSN() + "&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
+	armed := new(atomic.Bool)
+	db := openHooked(t, "", func(nc net.Conn) net.Conn {
+		return &faultConn{Conn: nc, marker: []byte(marker), armed: armed, delay: delay, cutAnswer: cutAnswer}
+	})
+	return db, armed
+}
+
+// openHooked opens a pool on the test cluster, with extra DSN keys, whose
+// server connections go through hook (under pgryw's wire layer).
+func openHooked(t *testing.T, extra string, hook func(net.Conn) net.Conn) *sql.DB {
+	t.Helper()
+	cfg, err := pgryw.ParseDSN(cluster.WriterDSN() + "&replicas=" + strings.Join(cluster.ReplicaAddrs(), ",") + extra)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -578,13 +579,10 @@ func openFaulty(t *testing.T, marker string, delay time.Duration, cutAnswer bool
 	if err != nil {
 		t.Fatal(err)
 	}
-	armed := new(atomic.Bool)
-	pgryw.SetNetHook(c, func(port uint16, nc net.Conn) net.Conn {
-		return &faultConn{Conn: nc, marker: []byte(marker), armed: armed, delay: delay, cutAnswer: cutAnswer}
-	})
+	pgryw.SetNetHook(c, func(port uint16, nc net.Conn) net.Conn { return hook(nc) })
 	db := sql.OpenDB(c)
 	t.Cleanup(func() { db.Close() })
-	return db, armed
+	return db
 }
 
 // Class 2, found by the history checker: pgx v5.12 calls a read that fails
@@ -678,21 +676,11 @@ func (c *lateConn) Write(b []byte) (int, error) {
 func TestIntegrationPrimaryReadFloorLost(t *testing.T) {
 	table := newTable(t)
 	ctx := context.Background()
-	cfg, err := pgryw.ParseDSN(cluster.WriterDSN() + "&session_scope=conn&wait_timeout=50ms&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := pgryw.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var armed atomic.Bool
 	marker := []byte("SELECT count(*) FROM " + table + " /* late */")
-	pgryw.SetNetHook(c, func(port uint16, nc net.Conn) net.Conn {
+	db := openHooked(t, "&session_scope=conn&wait_timeout=50ms", func(nc net.Conn) net.Conn {
 		return &lateConn{Conn: nc, marker: marker, armed: &armed, delay: 300 * time.Millisecond}
 	})
-	db := sql.OpenDB(c)
-	defer db.Close()
 	other, _ := openDB(t, "")
 	conn, err := db.Conn(ctx)
 	if err != nil {

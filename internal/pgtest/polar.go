@@ -32,12 +32,9 @@ import (
 // in best_effort mode it sends a WARNING notice saying so and runs the
 // statement anyway. Every other message passes through untouched.
 type PolarProxy struct {
-	ln      net.Listener
-	target  string
+	*proxy
 	probe   string // connection string of the standby, for the waits
-	wg      sync.WaitGroup
 	mu      sync.Mutex
-	conns   map[net.Conn]bool
 	waits   int64 // statements that had to wait
 	timeout int64 // waits that timed out
 }
@@ -48,18 +45,23 @@ var polarRE = regexp.MustCompile(`^SET polar_consistency_mode = '(strict|best_ef
 // ("host:port"), a standby; probeDSN connects to the same standby, to watch
 // its replay position.
 func StartPolarProxy(target, probeDSN string) (*PolarProxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p := &PolarProxy{probe: probeDSN}
+	var err error
+	p.proxy, err = startProxy(target, func(client, server net.Conn) (func(), func()) {
+		s := &polarSession{p: p, client: client, server: server}
+		return func() {
+				s.frontend()
+				if s.probe != nil {
+					s.probe.Close(context.Background())
+				}
+			},
+			s.backend
+	})
 	if err != nil {
 		return nil, err
 	}
-	p := &PolarProxy{ln: ln, target: target, probe: probeDSN, conns: map[net.Conn]bool{}}
-	p.wg.Add(1)
-	go p.accept()
 	return p, nil
 }
-
-// Addr returns the proxy's "host:port".
-func (p *PolarProxy) Addr() string { return p.ln.Addr().String() }
 
 // Waits returns how many statements waited for a PolarDB LSN, and how many
 // of those waits timed out.
@@ -67,62 +69,6 @@ func (p *PolarProxy) Waits() (waits, timeouts int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.waits, p.timeout
-}
-
-// Close stops the proxy and its connections.
-func (p *PolarProxy) Close() error {
-	err := p.ln.Close()
-	p.mu.Lock()
-	for c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
-	return err
-}
-
-func (p *PolarProxy) track(c net.Conn, on bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if on {
-		p.conns[c] = true
-	} else {
-		delete(p.conns, c)
-	}
-}
-
-func (p *PolarProxy) accept() {
-	defer p.wg.Done()
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
-			continue
-		}
-		p.track(client, true)
-		p.track(server, true)
-		s := &polarSession{p: p, client: client, server: server}
-		p.wg.Add(2)
-		go func() {
-			defer p.wg.Done()
-			s.backend()
-			client.Close()
-			p.track(client, false)
-		}()
-		go func() {
-			defer p.wg.Done()
-			s.frontend()
-			server.Close()
-			p.track(server, false)
-			if s.probe != nil {
-				s.probe.Close(context.Background())
-			}
-		}()
-	}
 }
 
 // polarSession is one client connection through the proxy.

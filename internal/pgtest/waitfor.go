@@ -61,87 +61,30 @@ var waitForRE = regexp.MustCompile(`^WAIT FOR LSN '([0-9A-F]{1,8}/[0-9A-F]{1,8})
 
 // WaitForProxy is a loopback TCP proxy that emulates WAIT FOR LSN.
 type WaitForProxy struct {
-	ln     net.Listener
-	target string
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  map[net.Conn]bool
-	n      int64 // rewritten statements
+	*proxy
+	mu sync.Mutex
+	n  int64 // rewritten statements
 }
 
 // StartWaitForProxy listens on a free loopback port and forwards to target
 // ("host:port").
 func StartWaitForProxy(target string) (*WaitForProxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p := &WaitForProxy{}
+	var err error
+	p.proxy, err = startProxy(target, func(client, server net.Conn) (func(), func()) {
+		return func() { p.frontend(client, server) }, func() { io.Copy(client, server) }
+	})
 	if err != nil {
 		return nil, err
 	}
-	p := &WaitForProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	p.wg.Add(1)
-	go p.accept()
 	return p, nil
 }
-
-// Addr returns the proxy's "host:port".
-func (p *WaitForProxy) Addr() string { return p.ln.Addr().String() }
 
 // Rewritten returns how many WAIT FOR statements the proxy has emulated.
 func (p *WaitForProxy) Rewritten() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.n
-}
-
-// Close stops the proxy and its connections.
-func (p *WaitForProxy) Close() error {
-	err := p.ln.Close()
-	p.mu.Lock()
-	for c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
-	return err
-}
-
-func (p *WaitForProxy) track(c net.Conn, on bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if on {
-		p.conns[c] = true
-	} else {
-		delete(p.conns, c)
-	}
-}
-
-func (p *WaitForProxy) accept() {
-	defer p.wg.Done()
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
-			continue
-		}
-		p.track(client, true)
-		p.track(server, true)
-		p.wg.Add(2)
-		go func() {
-			defer p.wg.Done()
-			io.Copy(client, server)
-			client.Close()
-			p.track(client, false)
-		}()
-		go func() {
-			defer p.wg.Done()
-			p.frontend(client, server)
-			server.Close()
-			p.track(server, false)
-		}()
-	}
 }
 
 // frontend copies client messages to the server, rewriting WAIT FOR.

@@ -1,0 +1,88 @@
+package pgtest
+
+import (
+	"net"
+	"sync"
+)
+
+// proxy is the loopback TCP plumbing shared by the test proxies in front of
+// a standby (WaitForProxy, PolarProxy): it accepts clients, dials the
+// target for each, runs the two directions, and closes everything on Close.
+type proxy struct {
+	ln     net.Listener
+	target string
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  map[net.Conn]bool
+}
+
+// startProxy listens on a free loopback port; for each client it dials
+// target, asks handle for the connection's two directions, frontend (client
+// to server) and backend (server to client), and runs each in its own
+// goroutine, closing the other side's connection when one ends.
+func startProxy(target string, handle func(client, server net.Conn) (frontend, backend func())) (*proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p.wg.Add(1)
+	go p.accept(handle)
+	return p, nil
+}
+
+// Addr returns the proxy's "host:port".
+func (p *proxy) Addr() string { return p.ln.Addr().String() }
+
+// Close stops the proxy and its connections.
+func (p *proxy) Close() error {
+	err := p.ln.Close()
+	p.mu.Lock()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return err
+}
+
+func (p *proxy) track(c net.Conn, on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if on {
+		p.conns[c] = true
+	} else {
+		delete(p.conns, c)
+	}
+}
+
+func (p *proxy) accept(handle func(client, server net.Conn) (frontend, backend func())) {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		p.track(client, true)
+		p.track(server, true)
+		frontend, backend := handle(client, server)
+		p.wg.Add(2)
+		go func() {
+			defer p.wg.Done()
+			backend()
+			client.Close()
+			p.track(client, false)
+		}()
+		go func() {
+			defer p.wg.Done()
+			frontend()
+			server.Close()
+			p.track(server, false)
+		}()
+	}
+}
