@@ -57,8 +57,14 @@ func TestIntegrationContextEndsWait(t *testing.T) {
 		err := db.QueryRowContext(cctx, "SELECT v FROM "+table+" WHERE id = 1").Scan(&v)
 		took := time.Since(start)
 		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("deadline %v: got %v, want context.DeadlineExceeded", dl, err)
+		// The wait's budget is what is left of the deadline; when it runs
+		// out, on_timeout=primary reads the primary, which may still fit
+		// before the deadline (then the row is there) or not.
+		switch {
+		case err == nil && v != 1:
+			t.Errorf("deadline %v: read %d, want the row", dl, v)
+		case err != nil && !errors.Is(err, context.DeadlineExceeded):
+			t.Errorf("deadline %v: got %v, want the row or context.DeadlineExceeded", dl, err)
 		}
 		// Generous: this is a bound on promptness, not a timing assertion
 		// on speed; a wait that ignored the context would take 10s.
