@@ -344,18 +344,19 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 // replica is merely behind, tries again within the budget: with the check
 // for the first few tries (so the answer costs no extra round trip when the
 // replica gets there), then polling alone and reading once it is there. With
-// WAIT FOR the server does the waiting, so one try says it all.
+// WAIT FOR or PolarDB's wait the server does the waiting, so one try says
+// it all.
 func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResult, error) {
 	b := a.b
 	budget := cn.c.budget(ctx)
 	deadline := time.Now().Add(budget)
 	for i := 0; ; i++ {
-		if i < pipelinedAttempts || cn.c.useWaitFor(b) || cn.c.cfg.WaitMethod == WaitPolar {
+		if i < pipelinedAttempts || cn.c.methodFor(b) != WaitPoll {
 			inj := cn.c.armCheck(b, wm, max(time.Until(deadline), time.Millisecond))
 			notices := b.wire.Notices()
 			a.read()
 			res, err := cn.c.checked(b, inj, wm)
-			if err == nil && res == waitOK && cn.c.cfg.WaitMethod == WaitPolar {
+			if err == nil && res == waitOK && cn.c.methodFor(b) == WaitPolar {
 				res = cn.c.polarOutcome(b, a, wm, notices)
 			}
 			if err != nil || res != waitBehind {

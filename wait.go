@@ -90,15 +90,16 @@ func (c *Connector) budget(ctx context.Context) time.Duration {
 	return budget
 }
 
-// useWaitFor decides the method for one replica connection.
-func (c *Connector) useWaitFor(b *backend) bool {
-	switch c.cfg.WaitMethod {
-	case WaitFor:
-		return true
-	case WaitPoll, WaitPolar:
-		return false
+// methodFor resolves wait_method for one replica connection: auto is
+// WaitFor on servers ≥ 19 and WaitPoll on older ones.
+func (c *Connector) methodFor(b *backend) WaitMethod {
+	if c.cfg.WaitMethod != WaitAuto {
+		return c.cfg.WaitMethod
 	}
-	return b.major >= 19
+	if b.major >= 19 {
+		return WaitFor
+	}
+	return WaitPoll
 }
 
 // waitForAnswer reads WAIT FOR's status row, sent with its own round trip or
@@ -206,14 +207,15 @@ const (
 // answered before the read runs, in the same round trip.
 func (c *Connector) armCheck(b *backend, wm lsn.LSN, budget time.Duration) *wire.Injection {
 	inj := &b.pre.inj
-	if c.cfg.WaitMethod == WaitPolar {
+	switch c.methodFor(b) {
+	case WaitPolar:
 		c.stats.waits.Add(1)
 		inj.Reset(polarSQL(c.cfg.OnTimeout, wm, budget))
-	} else if c.useWaitFor(b) {
+	case WaitFor:
 		c.stats.waits.Add(1)
 		c.stats.waitFors.Add(1)
 		inj.Reset(waitForSQL(wm, budget))
-	} else {
+	default:
 		inj = b.injectPrepared(&b.pre, stmtPoll, sqlPoll)
 	}
 	b.wire.Prefix(inj)
@@ -232,7 +234,7 @@ func (c *Connector) checked(b *backend, inj *wire.Injection, wm lsn.LSN) (waitRe
 		return waitTimeout, errCheckLost
 	}
 	if err := inj.Err(); err != nil {
-		if inj.Msgs != nil && c.cfg.WaitMethod != WaitPolar {
+		if inj.Msgs != nil {
 			// Our prepared poll is gone or clashed: nothing is wrong with
 			// the replica; check the slow way this time.
 			b.injectionFailed(stmtPoll, err)
@@ -241,12 +243,12 @@ func (c *Connector) checked(b *backend, inj *wire.Injection, wm lsn.LSN) (waitRe
 		return waitTimeout, err
 	}
 	row, null := inj.Row()
-	if c.cfg.WaitMethod == WaitPolar {
+	switch c.methodFor(b) {
+	case WaitPolar:
 		// The settings took; the replica waits when the read takes its
 		// snapshot (see polarOutcome).
 		return waitOK, nil
-	}
-	if c.useWaitFor(b) {
+	case WaitFor:
 		res, err := c.waitForAnswer(b, row, wm)
 		if res == waitTimeout && err == nil {
 			c.stats.waitTimeouts.Add(1)
