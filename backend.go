@@ -117,15 +117,15 @@ func (b *backend) callerError(ctx context.Context, err error, sent uint64) error
 	if err == nil {
 		return nil
 	}
-	lost := b.wire != nil && b.wire.Sent() != sent && b.closed()
+	left := b.wire != nil && b.wire.Sent() != sent // bytes of the statement left
 	if errors.Is(err, driver.ErrBadConn) {
-		if b.wire != nil && b.wire.Sent() != sent {
+		if left {
 			return ErrConnLost
 		}
 		return err
 	}
 	var pgErr *pgconn.PgError
-	if lost && ctx.Err() == nil && !errors.As(err, &pgErr) {
+	if left && b.closed() && ctx.Err() == nil && !errors.As(err, &pgErr) {
 		return fmt.Errorf("%w: %w", ErrConnLost, err)
 	}
 	return serverError(err)

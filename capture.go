@@ -2,7 +2,6 @@ package pgryw
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"time"
 
@@ -124,16 +123,13 @@ func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 		// Whatever the outcome, a COMMIT inside the string may have run.
 		wrote = ws.commits
 		cn.blockWrote = inBlock && ws.commits
-	case err != nil && closed:
-		// The outcome is unknown; a block open before is gone.
-		wrote = ws.commits && (ws.idleBefore && cls.Tx == sqlclass.TxNone || cls.Tx == sqlclass.TxCommit)
-		cn.blockWrote = false
 	case err != nil:
-		// An autocommit statement that failed committed nothing, but its
-		// position rode along anyway, so covering it costs nothing (and
-		// covers commands that commit part-way, such as CREATE INDEX
-		// CONCURRENTLY). A failed statement inside a block committed
-		// nothing: the block is aborted.
+		// A failed autocommit statement or COMMIT may still have committed
+		// (the connection broke after the server did, or a command commits
+		// part-way, such as CREATE INDEX CONCURRENTLY); where its position
+		// rode along, covering it costs nothing. A failed statement inside
+		// a block committed nothing: the block is aborted. A block open
+		// before a broken connection is gone (inBlock is false then).
 		wrote = ws.commits && (ws.idleBefore && cls.Tx == sqlclass.TxNone || cls.Tx == sqlclass.TxCommit)
 		if !inBlock {
 			cn.blockWrote = false
@@ -257,9 +253,7 @@ func (cn *Conn) markLost(ctx context.Context, commit bool) {
 // commit, records the primary's position for lag estimates, and marks the
 // losses seen before the capture was sent as covered.
 func (cn *Conn) advance(ctx context.Context, l lsn.LSN, seen lostSeen) {
-	cn.c.topo.hist.add(l, time.Now().UnixNano())
-	cn.sess.wm.Advance(l)
-	cn.sess.cover(seen.conn)
+	cn.raiseConn(l, seen)
 	if cn.c.cfg.SessionScope == ScopeDB {
 		cn.c.db.wm.Advance(l)
 		cn.c.db.cover(seen.db)
@@ -384,5 +378,3 @@ func (cn *Conn) RunOnPrimary(ctx context.Context, f func(*pgx.Conn) error) error
 	}
 	return err
 }
-
-var _ driver.Conn = (*Conn)(nil)

@@ -4,10 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"reflect"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
 
@@ -156,8 +154,7 @@ func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue) 
 // in a hot standby", from a database, role or DSN default isolation level
 // that BEGIN alone does not apply.
 func (t *tx) refused(err error) bool {
-	var pgErr *pgconn.PgError
-	return t.onReplica && !t.ran && errors.As(err, &pgErr) && refusedByStandby(pgErr)
+	return t.onReplica && !t.ran && isRefusal(err)
 }
 
 // moveToPrimary ends the replica's transaction, in which nothing ran, and
