@@ -142,23 +142,28 @@ var ErrFraming = errors.New("wire: unexpected frontend message framing")
 
 // Write implements net.Conn.
 func (c *Conn) Write(b []byte) (int, error) {
+	buf, lead := b, 0
 	c.mu.Lock()
-	if c.prefix == nil && c.suffix == nil && len(c.queue) == 0 {
-		c.mu.Unlock()
-		n, err := c.Conn.Write(b)
-		c.countSent(n)
-		return n, err
+	if c.prefix != nil || c.suffix != nil || len(c.queue) > 0 {
+		buf, lead = c.splice(b)
 	}
+	c.mu.Unlock()
+	n, err := c.Conn.Write(buf)
+	n = callerBytes(n, lead, len(b))
+	c.countSent(n)
+	return n, err
+}
+
+// splice returns what goes on the wire for pgx's write b: b with the armed
+// injections around it, and how many bytes of ours lead. It records the
+// answers to expect. Call it with c.mu held.
+func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 	syncs, exec, ok := scanFrontend(b)
 	if !ok {
 		c.prefix, c.suffix = nil, nil
-		c.mu.Unlock()
-		n, err := c.Conn.Write(b)
-		c.countSent(n)
-		return n, err
+		return b, 0
 	}
-	buf := c.wbuf[:0]
-	var lead int // bytes of ours in front of the caller's
+	buf = c.wbuf[:0]
 	if c.prefix != nil {
 		buf = c.prefix.appendTo(buf)
 		lead = len(buf)
@@ -178,15 +183,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	c.trimQueue()
 	c.wbuf = buf
-	c.mu.Unlock()
-	n, err := c.Conn.Write(buf)
-	if err != nil {
-		n = callerBytes(n, lead, len(b))
-		c.countSent(n)
-		return n, err
-	}
-	c.countSent(len(b))
-	return len(b), nil
+	return buf, lead
 }
 
 func (c *Conn) countSent(n int) {
@@ -214,7 +211,7 @@ func (c *Conn) Sent() uint64 {
 	return c.sent
 }
 
-// callerBytes turns a failed write of n bytes of our buffer (lead bytes of
+// callerBytes turns a write of n bytes of our buffer (lead bytes of
 // ours, then the caller's m bytes, then perhaps more of ours) into the count
 // the caller is told. pgx treats a failed write of 0 bytes as safe to retry,
 // and database/sql then runs the statement again on another connection, so 0
@@ -288,12 +285,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	c.mu.Unlock()
 	n, err := c.Conn.Read(p)
 	c.mu.Lock()
-	m := c.filter(p[:n])
-	c.reading = false
-	if c.waiter != nil {
-		close(c.waiter)
-		c.waiter = nil
-	}
+	m := c.readReturned(p[:n])
 	c.mu.Unlock()
 	// When everything read was pgryw's, this returns 0, nil rather than
 	// reading again: pgx's readers loop on it, and pgx's background reader
@@ -301,6 +293,19 @@ func (c *Conn) Read(p []byte) (int, error) {
 	// asked to stop, instead of blocking on the socket and keeping Await
 	// from reading the rest of pgryw's answer.
 	return m, err
+}
+
+// readReturned ends a read on the socket (Read's or Await's): it filters
+// the bytes read in place, returning how many are pgx's, and wakes an Await
+// waiting for the socket. Call it with c.mu held.
+func (c *Conn) readReturned(b []byte) int {
+	m := c.filter(b)
+	c.reading = false
+	if c.waiter != nil {
+		close(c.waiter)
+		c.waiter = nil
+	}
+	return m
 }
 
 func isAsync(t byte) bool { return t == 'S' || t == 'N' || t == 'A' }
@@ -435,13 +440,8 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 		c.mu.Unlock()
 		n, err := c.readBy(ctx, dl)
 		c.mu.Lock()
-		m := c.filter(c.abuf[:n])
+		m := c.readReturned(c.abuf[:n])
 		c.pending = append(c.pending, c.abuf[:m]...)
-		c.reading = false
-		if c.waiter != nil {
-			close(c.waiter)
-			c.waiter = nil
-		}
 		done := in.done
 		c.mu.Unlock()
 		if done {
