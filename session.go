@@ -142,18 +142,21 @@ func (s *Session) position() (generation, lsn.LSN) {
 // has keys), or "" before the session has a position. Another Session, in
 // this process or another, takes it in with Observe.
 func (s *Session) Token() string {
-	g, l := s.position()
-	if l == 0 {
-		return ""
-	}
-	t := token.Token{SystemID: g.system, Timeline: g.timeline, LSN: l}
 	s.mu.Lock()
-	keys := s.keys
+	t, keys := s.token(), s.keys
 	s.mu.Unlock()
-	if len(keys) > 0 {
+	switch {
+	case t.LSN == 0:
+		return ""
+	case len(keys) > 0:
 		return token.Sign(t, keys[0])
 	}
 	return t.String()
+}
+
+// token returns the position as a token.Token. Call it with s.mu held.
+func (s *Session) token() token.Token {
+	return token.Token{SystemID: s.gen.system, Timeline: s.gen.timeline, LSN: s.wm.Load()}
 }
 
 // Observe merges a token from Token into the session: its position only
@@ -178,19 +181,21 @@ func (s *Session) Observe(tok string) error {
 	if t.LSN == 0 {
 		return nil
 	}
-	g := generation{system: t.SystemID, timeline: t.Timeline}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gen != g && s.wm.Load() != 0 {
-		// Another history: the later timeline of one system wins; from
-		// another system, the token observed last.
-		if s.gen.system == g.system && g.timeline < s.gen.timeline {
-			return nil
-		}
+	// Within a generation the larger position; across generations the later
+	// timeline of one system, or from another system the token observed
+	// last (token.Max).
+	cur := s.token()
+	m := token.Max(cur, t)
+	if m == cur {
+		return nil
+	}
+	if m.SystemID != cur.SystemID || m.Timeline != cur.Timeline {
 		s.wm.Reset()
 	}
-	s.gen = g
-	s.wm.Advance(t.LSN)
+	s.gen = generation{system: m.SystemID, timeline: m.Timeline}
+	s.wm.Advance(m.LSN)
 	return nil
 }
 
