@@ -653,16 +653,13 @@ func (c *Conn) Answer(b Batch, f Responder) []pgproto3.BackendMessage {
 				}
 				q = Query{SQL: sql, Name: m.Name, Describe: true}
 			} else {
-				c.mu.Lock()
-				p := c.portal
-				c.mu.Unlock()
-				if !p.ok {
-					fail(Error("34000", "portal \"\" does not exist"))
+				var ok bool
+				if q, ok = c.portalQuery(); !ok {
+					fail(errNoPortal)
 					skip = true
 					continue
 				}
-				sql, _ := c.prepared(p.stmt)
-				q = Query{SQL: sql, Name: p.stmt, Describe: true, Params: p.params, FormatCodes: p.formats}
+				q.Describe = true
 			}
 			r := f(q)
 			if r.Err != nil {
@@ -675,16 +672,13 @@ func (c *Conn) Answer(b Batch, f Responder) []pgproto3.BackendMessage {
 			}
 			out = append(out, rowDescription(r.Cols))
 		case *pgproto3.Execute:
-			c.mu.Lock()
-			p := c.portal
-			c.mu.Unlock()
-			if !p.ok {
-				fail(Error("34000", "portal \"\" does not exist"))
+			q, ok := c.portalQuery()
+			if !ok {
+				fail(errNoPortal)
 				skip = true
 				continue
 			}
-			sql, _ := c.prepared(p.stmt)
-			r := f(Query{SQL: sql, Name: p.stmt, Params: p.params, FormatCodes: p.formats})
+			r := f(q)
 			if r.Err != nil {
 				fail(r.Err)
 				skip = true
@@ -842,4 +836,20 @@ func (c *Conn) Label(keep string) func(name string) string {
 		}
 		return name
 	}
+}
+
+// errNoPortal is the server's answer to Describe or Execute without a Bind.
+var errNoPortal = Error("34000", "portal \"\" does not exist")
+
+// portalQuery returns the unnamed portal (the last Bind) as a Query, and
+// false when there is none.
+func (c *Conn) portalQuery() (Query, bool) {
+	c.mu.Lock()
+	p := c.portal
+	c.mu.Unlock()
+	if !p.ok {
+		return Query{}, false
+	}
+	sql, _ := c.prepared(p.stmt)
+	return Query{SQL: sql, Name: p.stmt, Params: p.params, FormatCodes: p.formats}, true
 }
