@@ -48,11 +48,7 @@ func TestIntegrationCommitThenFailMovesWatermark(t *testing.T) {
 				setDelay(t, 100*time.Millisecond)
 				db, _ := openDB(t, "session_scope="+scope+"&wait_timeout=2s")
 				ctx := context.Background()
-				conn, err := db.Conn(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer conn.Close()
+				conn := oneConn(t, db)
 				for i := 1; i <= 5; i++ {
 					_, err := conn.ExecContext(ctx, fmt.Sprintf(shape, table, i))
 					if err == nil || !strings.Contains(err.Error(), "division by zero") {
@@ -92,11 +88,7 @@ func TestIntegrationRunOnPrimaryMovesWatermark(t *testing.T) {
 	setDelay(t, 100*time.Millisecond)
 	db, _ := openDB(t, "session_scope=conn&wait_timeout=2s")
 	ctx := context.Background()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := oneConn(t, db)
 	for i := 0; i < 3; i++ {
 		err := conn.Raw(func(dc any) error {
 			return dc.(*pgryw.Conn).RunOnPrimary(ctx, func(pc *pgx.Conn) error {
@@ -194,11 +186,7 @@ func TestIntegrationDeadlineWithStalledPrimary(t *testing.T) {
 	db, _ := openDB(t, "")
 	db.SetMaxOpenConns(1)
 	ctx := context.Background()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := oneConn(t, db)
 	var pid int
 	if err := conn.QueryRowContext(pgryw.WithPrimary(ctx), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)
@@ -213,7 +201,7 @@ func TestIntegrationDeadlineWithStalledPrimary(t *testing.T) {
 	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = conn.ExecContext(dctx, "INSERT INTO "+table+" VALUES (1, 1)")
+	_, err := conn.ExecContext(dctx, "INSERT INTO "+table+" VALUES (1, 1)")
 	took := time.Since(start)
 	if err == nil {
 		t.Fatal("want a deadline error")
@@ -256,11 +244,7 @@ func TestIntegrationMonotonicAcrossNodes(t *testing.T) {
 	waitReplicaCount(t, 0, table, 5)
 	t.Run("after a primary read", func(t *testing.T) {
 		db, _ := openDB(t, "session_scope=conn&wait_timeout=50ms")
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
+		conn := oneConn(t, db)
 		insert()
 		seen := countRows(t, pgryw.WithPrimary(ctx), conn, table)
 		for i := 0; i < 20; i++ {
@@ -271,11 +255,7 @@ func TestIntegrationMonotonicAcrossNodes(t *testing.T) {
 	})
 	t.Run("across replicas", func(t *testing.T) {
 		db, _ := openDB(t, "session_scope=conn&wait_timeout=50ms")
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
+		conn := oneConn(t, db)
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -324,11 +304,7 @@ func TestIntegrationExecBlockSemantics(t *testing.T) {
 	ctx := context.Background()
 	db, _ := openDB(t, "")
 	other, _ := openDB(t, "")
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := oneConn(t, db)
 	for _, begin := range []string{
 		"BEGIN; SET LOCAL statement_timeout = '5s'",
 		"BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL statement_timeout = '5s'",
@@ -361,11 +337,7 @@ func TestIntegrationOwnSchemaChange(t *testing.T) {
 	setDelay(t, 100*time.Millisecond)
 	db, _ := openDB(t, "session_scope=conn&wait_timeout=2s&wait_method=poll")
 	ctx := context.Background()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := oneConn(t, db)
 	if _, err := conn.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1, 1)"); err != nil {
 		t.Fatal(err)
 	}
@@ -682,11 +654,7 @@ func TestIntegrationPrimaryReadFloorLost(t *testing.T) {
 		return &lateConn{Conn: nc, marker: marker, armed: &armed, delay: 300 * time.Millisecond}
 	})
 	other, _ := openDB(t, "")
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := oneConn(t, db)
 	countRows(t, ctx, conn, table) // the connection's replica connections exist
 	for i := 0; i < 2; i++ {
 		if err := cluster.PauseReplay(ctx, i); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -51,19 +50,7 @@ func TestIntegrationPolarWait(t *testing.T) {
 		table := newTable(t)
 		setDelay(t, 50*time.Millisecond)
 		db, c, ps := openPolarDB(t, "session_scope=conn&wait_timeout=2s")
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		for i := 1; i <= 10; i++ {
-			if _, err := conn.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 1)", table, i)); err != nil {
-				t.Fatal(err)
-			}
-			if n := countRows(t, ctx, conn, table); n != i {
-				t.Fatalf("read %d rows after %d inserts", n, i)
-			}
-		}
+		insertThenCount(t, db, table, 10)
 		waits, timeouts := polarWaits(ps)
 		t.Logf("stats %+v; stand-in waits %d, timeouts %d", c.Stats(), waits, timeouts)
 		if s := c.Stats(); s.ReplicaReads == 0 || waits == 0 || timeouts != 0 {
@@ -75,16 +62,12 @@ func TestIntegrationPolarWait(t *testing.T) {
 			table := newTable(t)
 			setDelay(t, 300*time.Millisecond)
 			db, c, ps := openPolarDB(t, "session_scope=conn&wait_timeout=20ms&on_timeout="+policy)
-			conn, err := db.Conn(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
+			conn := oneConn(t, db)
 			if _, err := conn.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1, 1)"); err != nil {
 				t.Fatal(err)
 			}
 			var n int
-			err = conn.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n)
+			err := conn.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n)
 			s := c.Stats()
 			_, timeouts := polarWaits(ps)
 			t.Logf("n=%d err=%v stats %+v timeouts %d", n, err, s, timeouts)
@@ -111,15 +94,11 @@ func TestIntegrationPolarWait(t *testing.T) {
 		table := newTable(t)
 		setDelay(t, 50*time.Millisecond)
 		db, _ := openDB(t, "wait_method=polar&session_scope=conn")
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
+		conn := oneConn(t, db)
 		if _, err := conn.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1, 1)"); err != nil {
 			t.Fatal(err)
 		}
-		err = conn.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(new(int))
+		err := conn.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(new(int))
 		if err == nil || !strings.Contains(err.Error(), "wait_method=polar needs PolarDB replicas") {
 			t.Fatalf("want a configuration error, got %v", err)
 		}

@@ -2,6 +2,7 @@ package pgryw_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"strconv"
@@ -32,20 +33,7 @@ func TestIntegrationWaitMethodAuto(t *testing.T) {
 	table := newTable(t)
 	setDelay(t, 50*time.Millisecond)
 	db, c := openDB(t, "session_scope=conn&wait_timeout=2s")
-	ctx := context.Background()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	for i := 1; i <= 10; i++ {
-		if _, err := conn.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 1)", table, i)); err != nil {
-			t.Fatal(err)
-		}
-		if n := countRows(t, ctx, conn, table); n != i {
-			t.Fatalf("read %d rows after %d inserts", n, i)
-		}
-	}
+	insertThenCount(t, db, table, 10)
 	s, waitFors := c.Stats(), pgryw.WaitForChecks(c)
 	t.Logf("stats %+v, WAIT FOR checks %d", s, waitFors)
 	if s.ReplicaReads == 0 {
@@ -57,4 +45,31 @@ func TestIntegrationWaitMethodAuto(t *testing.T) {
 	if cluster.ServerVersionNum < 190000 && waitFors != 0 {
 		t.Fatalf("PostgreSQL %d replicas were sent %d WAIT FOR LSN", cluster.ServerVersionNum/10000, waitFors)
 	}
+}
+
+// insertThenCount inserts n rows one at a time on one connection of db,
+// counting the table after each: every count must see every insert.
+func insertThenCount(t *testing.T, db *sql.DB, table string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	conn := oneConn(t, db)
+	for i := 1; i <= n; i++ {
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 1)", table, i)); err != nil {
+			t.Fatal(err)
+		}
+		if got := countRows(t, ctx, conn, table); got != i {
+			t.Fatalf("read %d rows after %d inserts", got, i)
+		}
+	}
+}
+
+// oneConn takes one connection of db for the test, returned when it ends.
+func oneConn(t *testing.T, db *sql.DB) *sql.Conn {
+	t.Helper()
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
