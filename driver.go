@@ -277,8 +277,11 @@ const sqlGeneration = "SELECT s.system_identifier::text, pg_walfile_name(pg_curr
 // again; Session positions then carry no generation, and tokens of any
 // generation are taken as this one's.
 func (c *Connector) generationOf(ctx context.Context, b *backend) generation {
-	if g := c.gen.Load(); g != nil || c.genTried.Load() || b.pg == nil {
-		return c.generation()
+	if g := c.gen.Load(); g != nil {
+		return *g
+	}
+	if c.genTried.Load() || b.pg == nil {
+		return generation{}
 	}
 	row, _, err := b.control(ctx, sqlGeneration)
 	var pgErr *pgconn.PgError
@@ -297,14 +300,6 @@ func (c *Connector) generationOf(ctx context.Context, b *backend) generation {
 	g := generation{system: sys, timeline: uint32(tli)}
 	c.gen.Store(&g)
 	return g
-}
-
-// generation returns the primary's generation, or zero while unknown.
-func (c *Connector) generation() generation {
-	if g := c.gen.Load(); g != nil {
-		return *g
-	}
-	return generation{}
 }
 
 // Driver implements driver.Connector.
