@@ -79,6 +79,10 @@ func Middleware(next http.Handler, opts ...MiddlewareOption) http.Handler {
 	for _, o := range opts {
 		o(m)
 	}
+	if len(m.keys) > 0 {
+		// Copied once here, not for every request's Session.
+		m.session = []SessionOption{SessionKeys(m.keys...)}
+	}
 	return m
 }
 
@@ -206,6 +210,7 @@ type middleware struct {
 	sameSite http.SameSite
 	maxAge   time.Duration
 	keys     [][]byte
+	session  []SessionOption // for each request's Session: its keys
 	store    TokenStore
 	key      func(*http.Request) string
 	stats    *MiddlewareStats
@@ -230,11 +235,7 @@ func (m *middleware) advance(ctx context.Context, key, tok string) {
 
 // ServeHTTP implements http.Handler.
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var opts []SessionOption
-	if len(m.keys) > 0 {
-		opts = append(opts, SessionKeys(m.keys...))
-	}
-	s := NewSession(opts...)
+	s := NewSession(m.session...)
 	if m.header {
 		for _, v := range r.Header.Values(TokenHeader) {
 			m.observe(s, v)

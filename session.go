@@ -60,11 +60,11 @@ type SessionOption func(*Session)
 // that a client cannot forge a far-future position. List a new key first
 // and keep the old ones while tokens signed with them may still arrive.
 func SessionKeys(keys ...[]byte) SessionOption {
-	return func(s *Session) {
-		for _, k := range keys {
-			s.keys = append(s.keys, append([]byte(nil), k...))
-		}
+	cp := make([][]byte, len(keys))
+	for i, k := range keys {
+		cp[i] = append([]byte(nil), k...)
 	}
+	return func(s *Session) { s.keys = append(s.keys, cp...) }
 }
 
 // NewSession returns an empty Session: no position until a write commits
