@@ -116,23 +116,10 @@ func (s *polarSession) backend() {
 }
 
 func (s *polarSession) frontend() {
+	if !forwardStartup(s.client, s.server) {
+		return
+	}
 	var hdr [5]byte
-	// The startup message has no type byte: length first.
-	if _, err := io.ReadFull(s.client, hdr[:4]); err != nil {
-		return
-	}
-	n := binary.BigEndian.Uint32(hdr[:4])
-	if n < 4 || n > 1<<20 {
-		return
-	}
-	start := make([]byte, n)
-	copy(start, hdr[:4])
-	if _, err := io.ReadFull(s.client, start[4:]); err != nil {
-		return
-	}
-	if _, err := s.server.Write(start); err != nil {
-		return
-	}
 	skipping := false // after a refused statement, up to the next Sync
 	waited := false   // this batch (up to its Sync) has had its wait
 	for {

@@ -1,6 +1,8 @@
 package pgtest
 
 import (
+	"encoding/binary"
+	"io"
 	"net"
 	"sync"
 )
@@ -85,4 +87,24 @@ func (p *proxy) accept(handle func(client, server net.Conn) (frontend, backend f
 			p.track(server, false)
 		}()
 	}
+}
+
+// forwardStartup copies the client's startup message, which has no type
+// byte (its length comes first), to the server, and reports whether it did.
+func forwardStartup(client, server net.Conn) bool {
+	var hdr [4]byte
+	if _, err := io.ReadFull(client, hdr[:]); err != nil {
+		return false
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n < 4 || n > 1<<20 {
+		return false
+	}
+	start := make([]byte, n)
+	copy(start, hdr[:])
+	if _, err := io.ReadFull(client, start[4:]); err != nil {
+		return false
+	}
+	_, err := server.Write(start)
+	return err == nil
 }

@@ -89,23 +89,10 @@ func (p *WaitForProxy) Rewritten() int64 {
 
 // frontend copies client messages to the server, rewriting WAIT FOR.
 func (p *WaitForProxy) frontend(client, server net.Conn) {
-	// The startup message has no type byte: length first.
+	if !forwardStartup(client, server) {
+		return
+	}
 	var hdr [5]byte
-	if _, err := io.ReadFull(client, hdr[:4]); err != nil {
-		return
-	}
-	n := binary.BigEndian.Uint32(hdr[:4])
-	if n < 4 || n > 1<<20 {
-		return
-	}
-	start := make([]byte, n)
-	copy(start, hdr[:4])
-	if _, err := io.ReadFull(client, start[4:]); err != nil {
-		return
-	}
-	if _, err := server.Write(start); err != nil {
-		return
-	}
 	for {
 		if _, err := io.ReadFull(client, hdr[:]); err != nil {
 			return
