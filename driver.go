@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"slices"
@@ -76,6 +77,7 @@ type Connector struct {
 	noCatalog             bool // unit tests: no primary to ask
 
 	stats    counters
+	log      atomic.Pointer[slog.Logger]
 	mon      monitor
 	gen      atomic.Pointer[generation] // the primary's, once known
 	genTried atomic.Bool
@@ -128,6 +130,7 @@ func newConnector(cfg *Config) (*Connector, error) {
 	}
 	c.primary = stdlib.GetConnector(*wc)
 	c.dial = c.dialServer
+	c.log.Store(cfg.Logger)
 	return c, nil
 }
 

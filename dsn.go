@@ -3,6 +3,7 @@ package pgryw
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"slices"
@@ -119,6 +120,12 @@ type Config struct {
 	// lower-cased, always treated as read-only, without asking the primary's
 	// catalog. DSN key read_functions, a comma-separated list; default none.
 	ReadFunctions []string
+	// Logger receives pgryw's log lines: node state changes at Info and
+	// Warn, connections pinned to the primary and released at Info,
+	// routing decisions at Debug. Lines never carry a password, a bind
+	// argument or a statement's text. nil (the default) logs nothing. It
+	// has no DSN key; sql.Open users set it with SetLogger.
+	Logger *slog.Logger
 }
 
 // Defaults for the DSN keys.
