@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -344,5 +345,109 @@ func TestNeverReadWhereParserSeesWrite(t *testing.T) {
 	t.Logf("writer-bound without a write in the tree, by reason (session state, transaction control, utility statements...): %s", strings.Join(reasons, "; "))
 	if agreeRead == 0 || agreeWrite == 0 {
 		t.Error("corpus exercises only one side")
+	}
+}
+
+// treeState reads, from the parse tree of a one-statement string, the
+// session state the statement touches as pgryw's router needs it: the kind
+// (spelled as sqlclass's State constants) and, for SET and RESET, the
+// parameter the parser resolved (SET TIME ZONE is timezone, SET NAMES
+// client_encoding...). ok is false for statements this check does not
+// cover.
+func treeState(sql string) (kind sqlclass.State, names []string, ok bool) {
+	js, err := pg_query.ParseToJSON(sql)
+	if err != nil {
+		return 0, nil, false
+	}
+	var tree struct {
+		Stmts []struct {
+			Stmt map[string]map[string]any `json:"stmt"`
+		} `json:"stmts"`
+	}
+	if err := json.Unmarshal([]byte(js), &tree); err != nil || len(tree.Stmts) != 1 {
+		return 0, nil, false
+	}
+	for k, b := range tree.Stmts[0].Stmt {
+		switch k {
+		case "VariableSetStmt":
+			if b["is_local"] == true {
+				return 0, nil, false
+			}
+			name, _ := b["name"].(string)
+			switch b["kind"] {
+			case "VAR_RESET_ALL":
+				return sqlclass.StateSettings, nil, true
+			case "VAR_SET_MULTI":
+				if name == "TRANSACTION" || name == "TRANSACTION SNAPSHOT" {
+					return 0, nil, false // lives and dies with the transaction
+				}
+				return sqlclass.StateSettings, nil, true
+			}
+			return sqlclass.StateSettings, []string{strings.ToLower(name)}, true
+		case "ListenStmt", "UnlistenStmt":
+			return sqlclass.StateListen, nil, true
+		case "PrepareStmt", "ExecuteStmt", "DeallocateStmt":
+			return sqlclass.StatePrepared, nil, true
+		case "DeclareCursorStmt", "FetchStmt", "ClosePortalStmt":
+			return sqlclass.StateCursor, nil, true
+		case "LoadStmt":
+			return sqlclass.StatePermanent, nil, true
+		case "DiscardStmt":
+			switch b["target"] {
+			case "DISCARD_ALL":
+				return sqlclass.StateDiscardAll, nil, true
+			case "DISCARD_TEMP":
+				return sqlclass.StateTemp, nil, true
+			}
+			return 0, nil, true
+		case "CreateStmt", "CreateTableAsStmt", "ViewStmt", "CreateSeqStmt":
+			if strings.Contains(js, `"relpersistence":"t"`) {
+				return sqlclass.StateTemp, nil, true
+			}
+		}
+	}
+	return 0, nil, false
+}
+
+// TestSessionStateAgreesWithParser checks the kind of session state
+// sqlclass reports, and the parameter names of SET and RESET, against the
+// parse tree, for every statement in the table and the SET/RESET forms
+// below: the router pins, reads back and carries state to replicas by
+// these.
+func TestSessionStateAgreesWithParser(t *testing.T) {
+	inputs := tableSQL(t)
+	for _, name := range []string{"search_path", "app.tenant", `"App"."Tenant"`, "statement_timeout", "DateStyle", "work_mem", "TimeZone"} {
+		inputs = append(inputs,
+			"SET "+name+" = DEFAULT", "SET SESSION "+name+" TO 'x'", "RESET "+name, "set "+name+" to 1")
+	}
+	inputs = append(inputs, "SET TIME ZONE LOCAL", "SET ROLE NONE", "SET SESSION AUTHORIZATION DEFAULT",
+		"SET SCHEMA 'a'", "SET NAMES 'UTF8'", "SET XML OPTION CONTENT", "RESET TIME ZONE", "RESET ROLE",
+		"RESET SESSION AUTHORIZATION", "RESET ALL", "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+		"DISCARD ALL", "DISCARD TEMP", "DISCARD PLANS", "DISCARD SEQUENCES", "LISTEN a", "UNLISTEN *",
+		"PREPARE p AS SELECT 1", "DEALLOCATE p", "DECLARE c CURSOR WITH HOLD FOR SELECT 1", "CLOSE c", "LOAD 'x'")
+	checked := 0
+	for _, sql := range inputs {
+		want, names, ok := treeState(sql)
+		if !ok {
+			continue
+		}
+		checked++
+		r := sqlclass.Classify(sql)
+		if !r.Pin {
+			t.Errorf("%q: the parser sees session state (%v), sqlclass does not pin: %+v", sql, want, r)
+			continue
+		}
+		if r.State&want != want {
+			t.Errorf("%q: parser's kind %b not in sqlclass's State %b", sql, want, r.State)
+		}
+		for _, n := range names {
+			if !slices.Contains(r.Settings, n) {
+				t.Errorf("%q: the parser sets %q, sqlclass's Settings are %q", sql, n, r.Settings)
+			}
+		}
+	}
+	t.Logf("%d statements checked against the parse tree", checked)
+	if checked < 50 {
+		t.Errorf("only %d statements checked", checked)
 	}
 }

@@ -14,7 +14,7 @@ import (
 // format, which other modules parse too.
 type tcase struct {
 	line  int
-	route string // read, write, pin, write+pin, none
+	route string // read, write, pin, write+pin, none; pins with ":" and their state
 	tx    TxOp
 	hint  Hint
 	funcs []string
@@ -48,10 +48,14 @@ func loadCases(tb testing.TB) []tcase {
 		var ok1, ok2 bool
 		c.tx, ok1 = txs[col[1]]
 		c.hint, ok2 = hints[col[2]]
-		if !routes[c.route] || !ok1 || !ok2 || c.why == "" {
+		base, state, pinned := strings.Cut(c.route, ":")
+		if pinned != strings.HasSuffix(base, "pin") || pinned && state == "" {
+			tb.Fatalf("cases.tsv:%d: a pin route names its state (pin:kinds), and only a pin route does", n)
+		}
+		if !routes[base] || !ok1 || !ok2 || c.why == "" {
 			tb.Fatalf("cases.tsv:%d: bad route, tx, hint or why", n)
 		}
-		if (c.route == "none") != (c.tx != TxNone && c.route != "write" && c.route != "pin" && c.route != "write+pin") {
+		if (c.route == "none") != (c.tx != TxNone && c.route != "write" && !strings.Contains(c.route, "pin")) {
 			tb.Fatalf("cases.tsv:%d: route none is for transaction control only", n)
 		}
 		if col[3] != "-" {
@@ -73,15 +77,35 @@ func loadCases(tb testing.TB) []tcase {
 func routeOf(r Result) string {
 	switch {
 	case r.Write && r.Pin:
-		return "write+pin"
+		return "write+pin:" + stateString(r)
 	case r.Write:
 		return "write"
 	case r.Pin:
-		return "pin"
+		return "pin:" + stateString(r)
 	case r.Tx != TxNone:
 		return "none"
 	}
 	return "read"
+}
+
+// stateString spells r.State and r.Settings as cases.tsv does: the kinds
+// in declaration order joined by "|", settings as settings=name/name.
+func stateString(r Result) string {
+	names := []string{"settings", "untracked", "prepared", "cursor", "listen", "temp", "lock", "sequence", "permanent", "discardall"}
+	var parts []string
+	for i, n := range names {
+		if r.State&(1<<i) == 0 {
+			continue
+		}
+		if i == 0 && len(r.Settings) > 0 {
+			n += "=" + strings.Join(r.Settings, "/")
+		}
+		parts = append(parts, n)
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, "|")
 }
 
 func TestCases(t *testing.T) {
@@ -312,7 +336,7 @@ func TestVariantsClassifyAlike(t *testing.T) {
 		want := Classify(c.sql)
 		for _, v := range variants(c.sql) {
 			got := Classify(v)
-			if got.Write != want.Write || got.Pin != want.Pin || got.Tx != want.Tx || !slices.Equal(got.Funcs, want.Funcs) {
+			if got.Write != want.Write || got.Pin != want.Pin || got.Tx != want.Tx || got.State != want.State || !slices.Equal(got.Settings, want.Settings) || !slices.Equal(got.Funcs, want.Funcs) {
 				t.Errorf("cases.tsv:%d: %q classifies as %+v, but its variant %q as %+v", c.line, c.sql, want, v, got)
 			}
 		}

@@ -38,11 +38,20 @@ type Result struct {
 	// must run on the writer, and once committed it moves the
 	// read-your-writes watermark.
 	Write bool
-	// Pin: the statement changes session state that later statements
-	// depend on (SET, PREPARE, LISTEN, cursors, temporary tables, advisory
-	// locks, currval...). It runs on the writer and the connection stays on
-	// the writer from then on.
+	// Pin: the statement changes or reads session state that later
+	// statements depend on (SET, PREPARE, LISTEN, cursors, temporary
+	// tables, advisory locks, currval...), so it runs on the writer. State
+	// says which kinds; how long the connection then stays on the writer is
+	// the router's decision (it asks the server what state lives).
 	Pin bool
+	// State is the kinds of session state a Pin statement touches.
+	State State
+	// Settings lists the run-time parameters that SET, RESET and
+	// set_config with a literal name change, lower-cased as the server
+	// matches them (SET ROLE is "role", SET TIME ZONE "timezone"), in
+	// order of first appearance. RESET ALL and set_config with a computed
+	// name add none (the latter sets StateUntracked).
+	Settings []string
 	// Tx is the transaction-control effect of the first statement.
 	Tx TxOp
 	// Hint is a routing hint found in a comment.
@@ -67,6 +76,39 @@ type Result struct {
 	// which leaves a new transaction block open.
 	Chain bool
 }
+
+// State is a set of kinds of session state.
+type State uint16
+
+// Kinds of session state.
+const (
+	// StateSettings: run-time parameters (SET, RESET, set_config, SET
+	// ROLE, SET SESSION AUTHORIZATION, SET SESSION CHARACTERISTICS).
+	StateSettings State = 1 << iota
+	// StateUntracked: set_config with a name that is not a literal, so
+	// which parameter it sets cannot be known from the text.
+	StateUntracked
+	// StatePrepared: SQL-level prepared statements (PREPARE, EXECUTE,
+	// DEALLOCATE).
+	StatePrepared
+	// StateCursor: cursors (DECLARE, FETCH, MOVE, CLOSE).
+	StateCursor
+	// StateListen: LISTEN, UNLISTEN.
+	StateListen
+	// StateTemp: temporary tables and other temporary objects.
+	StateTemp
+	// StateLock: advisory locks (pg_advisory_*, pg_try_advisory_*).
+	StateLock
+	// StateSequence: currval and lastval read the session's sequence
+	// state; they change nothing.
+	StateSequence
+	// StatePermanent: state that cannot be observed or undone (LOAD,
+	// setseed).
+	StatePermanent
+	// StateDiscardAll: DISCARD ALL, which clears every kind but
+	// StatePermanent.
+	StateDiscardAll
+)
 
 // ReadOnly reports whether r may run on a replica, assuming every name in
 // r.Funcs is read-only. Transaction control (Tx != TxNone) is ReadOnly too
@@ -167,6 +209,12 @@ func Classify(sql string) Result {
 
 // stricter combines two readings of the same text.
 func stricter(a, b Result) Result {
+	a.State |= b.State
+	for _, n := range b.Settings {
+		if !contains(a.Settings, n) {
+			a.Settings = append(a.Settings, n)
+		}
+	}
 	if b.Write && !a.Write || b.Pin && !a.Pin || b.Tx != a.Tx {
 		a.Reason = b.Reason
 	}
@@ -279,7 +327,12 @@ type part struct {
 	write, pin bool
 	tx         TxOp
 	reason     string
+	state      State
+	names      []string // settings changed, for Result.Settings
 }
+
+// pinPart is a statement that touches session state of kinds st.
+func pinPart(r string, st State) part { return part{pin: true, state: st, reason: r} }
 
 func (p *part) markWrite(r string) {
 	if !p.write {
@@ -288,7 +341,8 @@ func (p *part) markWrite(r string) {
 	}
 }
 
-func (p *part) markPin(r string) {
+func (p *part) markPin(r string, st State) {
+	p.state |= st
 	if !p.pin {
 		p.pin = true
 		if !p.write {
@@ -453,6 +507,12 @@ func (c *classifier) run(ts []stok) Result {
 			}
 			res.Write = res.Write || p.write
 			res.Pin = res.Pin || p.pin
+			res.State |= p.state
+			for _, n := range p.names {
+				if !contains(res.Settings, n) {
+					res.Settings = append(res.Settings, n)
+				}
+			}
 		}
 		start = end + 1
 	}
@@ -599,21 +659,32 @@ func (c *classifier) stmt(ts []stok, depth int) part {
 			// becomes visible at COMMIT PREPARED, itself a Write.
 			return part{tx: TxCommit, write: true, reason: "PREPARE TRANSACTION"}
 		}
-		return part{pin: true, reason: "PREPARE"}
+		return pinPart("PREPARE", StatePrepared)
 	case kwExecute:
 		// Runs a statement prepared earlier on this session: we cannot see
 		// what it does, and it only exists on the writer.
-		return part{write: true, pin: true, reason: "EXECUTE"}
+		return part{write: true, pin: true, state: StatePrepared, reason: "EXECUTE"}
 	case kwDeclare:
 		return c.declare(ts, depth)
-	case kwFetch, kwMove, kwClose, kwListen, kwUnlisten, kwReset, kwDiscard, kwLoad, kwDeallocate:
-		return part{pin: true, reason: t0.kw.upper()}
+	case kwFetch, kwMove, kwClose:
+		return pinPart(t0.kw.upper(), StateCursor)
+	case kwListen, kwUnlisten:
+		return pinPart(t0.kw.upper(), StateListen)
+	case kwDeallocate:
+		return pinPart("DEALLOCATE", StatePrepared)
+	case kwLoad:
+		return pinPart("LOAD", StatePermanent)
+	case kwReset:
+		return c.resetStmt(ts)
+	case kwDiscard:
+		return discardStmt(ts)
 	case kwSet:
-		return setStmt(ts)
+		return c.setStmt(ts)
 	case kwCreate:
 		p := writePart("CREATE")
 		if c.createsTemp(ts) {
 			p.pin = true
+			p.state = StateTemp
 			p.reason = "CREATE TEMP"
 		}
 		return p
@@ -641,8 +712,9 @@ func chained(ts []stok) bool {
 }
 
 // setStmt classifies SET. Transaction-scoped forms are Write (they must run
-// inside the writer's transaction) but do not pin the session.
-func setStmt(ts []stok) part {
+// inside the writer's transaction) but touch no session state.
+func (c *classifier) setStmt(ts []stok) part {
+	j := 1
 	switch keywordAt(ts, 1) {
 	case kwLocal:
 		return writePart("SET LOCAL")
@@ -652,10 +724,90 @@ func setStmt(ts []stok) part {
 		return writePart("SET CONSTRAINTS")
 	case kwSession:
 		if keywordAt(ts, 2) == kwCharacteristics {
-			return part{pin: true, reason: "SET SESSION CHARACTERISTICS"}
+			// default_transaction_isolation and friends: ordinary
+			// parameters, seen by the router's read-back.
+			return pinPart("SET SESSION CHARACTERISTICS", StateSettings)
+		}
+		if keywordAt(ts, 2) != kwAuthorization {
+			j = 2
 		}
 	}
-	return part{pin: true, reason: "SET"}
+	p := pinPart("SET", StateSettings)
+	if name := c.settingName(ts, j); name != "" {
+		p.names = []string{name}
+	}
+	return p
+}
+
+// resetStmt classifies RESET name and RESET ALL.
+func (c *classifier) resetStmt(ts []stok) part {
+	p := pinPart("RESET", StateSettings)
+	if keywordAt(ts, 1) == kwAll && len(ts) == 2 {
+		return p
+	}
+	if name := c.settingName(ts, 1); name != "" {
+		p.names = []string{name}
+	}
+	return p
+}
+
+// discardStmt classifies DISCARD ALL, TEMP, PLANS and SEQUENCES.
+func discardStmt(ts []stok) part {
+	switch keywordAt(ts, 1) {
+	case kwAll:
+		return pinPart("DISCARD ALL", StateDiscardAll|StateSettings|StatePrepared|StateCursor|StateListen|StateTemp|StateLock)
+	case kwTemp, kwTemporary:
+		return pinPart("DISCARD TEMP", StateTemp)
+	}
+	// PLANS and SEQUENCES leave nothing a later statement could miss on
+	// another node; they still belong to the writer's session.
+	return pinPart("DISCARD", 0)
+}
+
+// settingName returns the run-time parameter that SET or RESET names at
+// ts[j], as the server looks it up (lower-cased; the special forms mapped
+// to their parameter), or "" when it cannot tell.
+func (c *classifier) settingName(ts []stok, j int) string {
+	switch keywordAt(ts, j) {
+	case kwTime:
+		if keywordAt(ts, j+1) == kwZone {
+			return "timezone"
+		}
+	case kwRole:
+		return "role"
+	case kwSession:
+		if keywordAt(ts, j+1) == kwAuthorization {
+			return "session_authorization"
+		}
+	case kwSchema:
+		return "search_path"
+	case kwNames:
+		return "client_encoding"
+	case kwXml:
+		if keywordAt(ts, j+1) == kwOption {
+			return "xmloption"
+		}
+	}
+	var b strings.Builder
+	for ; j < len(ts); j += 2 {
+		t := ts[j]
+		switch t.kind {
+		case TokIdent:
+			b.WriteString(strings.ToLower(c.src[t.start:t.end]))
+		case TokQuotedIdent:
+			if t.flags&flagUnicode != 0 {
+				return ""
+			}
+			b.WriteString(strings.ToLower(strings.ReplaceAll(c.src[t.start+1:t.end-1], `""`, `"`)))
+		default:
+			return ""
+		}
+		if kindAt(ts, j+1) != TokDot {
+			break
+		}
+		b.WriteByte('.')
+	}
+	return b.String()
 }
 
 // createsTemp reports a CREATE of a session-local object: TEMP/TEMPORARY
@@ -759,7 +911,7 @@ func (c *classifier) explain(ts []stok, depth int) part {
 	switch {
 	case keywordAt(inner, 0) == kwExecute:
 		// The prepared statement only exists on the session that made it.
-		return part{pin: true, reason: "EXPLAIN EXECUTE"}
+		return pinPart("EXPLAIN EXECUTE", StatePrepared)
 	case inner[0].kind == TokLParen:
 	default:
 		switch inner[0].kw {
@@ -865,7 +1017,7 @@ func (c *classifier) declare(ts []stok, depth int) part {
 			}
 			p := c.stmt(ts[i+1:], depth+1)
 			if p.tx != TxNone {
-				return part{write: true, pin: true, reason: "DECLARE"}
+				return part{write: true, pin: true, state: StateCursor, reason: "DECLARE"}
 			}
 			if p.write {
 				p.reason = "DECLARE " + p.reason
@@ -873,10 +1025,11 @@ func (c *classifier) declare(ts []stok, depth int) part {
 				p.reason = "DECLARE"
 			}
 			p.pin = true
+			p.state |= StateCursor
 			return p
 		}
 	}
-	return part{write: true, pin: true, reason: "DECLARE"}
+	return part{write: true, pin: true, state: StateCursor, reason: "DECLARE"}
 }
 
 // copyStmt classifies COPY. Only COPY ... TO STDOUT is a read; TO a file or

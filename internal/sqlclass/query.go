@@ -35,7 +35,7 @@ func (c *classifier) query(ts []stok) part {
 			lv := level{start: i + 1}
 			if i > 0 && isName(ts[i-1]) {
 				if j, ok := c.isCall(ts, i, levels[cur]); ok {
-					c.addCall(ts[j:i], &p)
+					c.addCall(ts, j, i, &p)
 				}
 				switch k := ts[i-1].kw; {
 				case k == kwOperator && kindAt(ts, i-2) != TokDot:
@@ -101,7 +101,7 @@ func (c *classifier) queryKeyword(ts []stok, i int, lv *level, p *part) {
 		}
 		if k := keywordAt(ts, j); k == kwTemp || k == kwTemporary ||
 			j+1 < len(ts) && ts[j+1].kind == TokDot && c.isTempSchema(ts[j]) {
-			p.markPin("SELECT INTO TEMP")
+			p.markPin("SELECT INTO TEMP", StateTemp)
 		}
 	case kwWith:
 		// Only a WITH that opens its query level starts a CTE list; the
@@ -258,10 +258,11 @@ func endsOperand(t stok) bool {
 // the string goes to the writer rather than cost quadratic bookkeeping.
 const maxFuncs = 64
 
-// addCall records a call to the function named by ts (name tokens and
-// dots). The name is assembled in a stack buffer so that calls to known
-// functions cost no allocation.
-func (c *classifier) addCall(ts []stok, p *part) {
+// addCall records a call to the function named by all[from:paren] (name
+// tokens and dots; all[paren] is its '('). The name is assembled in a stack
+// buffer so that calls to known functions cost no allocation.
+func (c *classifier) addCall(all []stok, from, paren int, p *part) {
+	ts := all[from:paren]
 	var buf [256]byte
 	name := buf[:0]
 	var starts [3]int
@@ -294,7 +295,17 @@ func (c *classifier) addCall(ts []stok, p *part) {
 	if e := knownEffectBytes(last); e != 0 {
 		r := string(last) + "()"
 		if e == effPin {
-			p.markPin(r)
+			st := stateOf(string(last))
+			if st == StateSettings {
+				if name := c.literalArg(all, paren); name != "" {
+					if !contains(p.names, name) {
+						p.names = append(p.names, name)
+					}
+				} else {
+					st = StateUntracked
+				}
+			}
+			p.markPin(r, st)
 		} else {
 			p.markWrite(r)
 		}
@@ -490,4 +501,33 @@ func hexVal(c byte) byte {
 		return c - 'a' + 10
 	}
 	return c - 'A' + 10
+}
+
+// stateOf is the kind of session state a known effPin function touches.
+func stateOf(name string) State {
+	switch name {
+	case "set_config":
+		return StateSettings
+	case "currval", "lastval":
+		return StateSequence
+	case "setseed":
+		return StatePermanent
+	}
+	return StateLock // pg_advisory_*, pg_try_advisory_*
+}
+
+// literalArg returns the first argument of the call whose '(' is
+// all[paren] when it is a plain string literal followed by a comma (the
+// parameter name of set_config('name', ...)), lower-cased as the server
+// matches parameter names; "" otherwise.
+func (c *classifier) literalArg(all []stok, paren int) string {
+	if kindAt(all, paren+1) != TokString || kindAt(all, paren+2) != TokComma {
+		return ""
+	}
+	t := all[paren+1]
+	s := c.src[t.start:t.end]
+	if len(s) < 2 || s[0] != '\'' || strings.IndexByte(s, '\\') >= 0 {
+		return "" // E'', U&'', or a backslash read two ways: not worth it
+	}
+	return strings.ToLower(strings.ReplaceAll(s[1:len(s)-1], "''", "'"))
 }

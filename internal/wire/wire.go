@@ -91,8 +91,8 @@ type Conn struct {
 	net.Conn
 
 	mu      sync.Mutex
-	prefix  *Injection
-	suffix  *Injection
+	prefix  []*Injection // in the order they go out
+	suffix  []*Injection
 	queue   []segment // answers still to come, in order; empty: pass all
 	pending []byte    // pass-through bytes read by Await, for pgx's next Read
 	wbuf    []byte
@@ -113,18 +113,19 @@ type Conn struct {
 // Wrap wraps c.
 func Wrap(c net.Conn) *Conn { return &Conn{Conn: c} }
 
-// Prefix arms in to be sent ahead of pgx's next write.
+// Prefix arms in to be sent ahead of pgx's next write, after any injection
+// armed before it.
 func (c *Conn) Prefix(in *Injection) {
 	c.mu.Lock()
-	c.prefix = in
+	c.prefix = append(c.prefix, in)
 	c.mu.Unlock()
 }
 
 // AppendAfterExec arms in to be sent behind pgx's next write that contains
-// an Execute or a Query message.
+// an Execute or a Query message, after any injection armed before it.
 func (c *Conn) AppendAfterExec(in *Injection) {
 	c.mu.Lock()
-	c.suffix = in
+	c.suffix = append(c.suffix, in)
 	c.mu.Unlock()
 }
 
@@ -132,8 +133,14 @@ func (c *Conn) AppendAfterExec(in *Injection) {
 // writing, or wrote nothing that executes).
 func (c *Conn) Disarm() {
 	c.mu.Lock()
-	c.prefix, c.suffix = nil, nil
+	c.disarm()
 	c.mu.Unlock()
+}
+
+func (c *Conn) disarm() {
+	clear(c.prefix)
+	clear(c.suffix)
+	c.prefix, c.suffix = c.prefix[:0], c.suffix[:0]
 }
 
 // ErrFraming reports bytes from pgx that do not parse as protocol messages;
@@ -144,7 +151,7 @@ var ErrFraming = errors.New("wire: unexpected frontend message framing")
 func (c *Conn) Write(b []byte) (int, error) {
 	buf, lead := b, 0
 	c.mu.Lock()
-	if c.prefix != nil || c.suffix != nil || len(c.queue) > 0 {
+	if len(c.prefix) > 0 || len(c.suffix) > 0 || len(c.queue) > 0 {
 		buf, lead = c.splice(b)
 	}
 	c.mu.Unlock()
@@ -160,27 +167,31 @@ func (c *Conn) Write(b []byte) (int, error) {
 func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 	syncs, exec, ok := scanFrontend(b)
 	if !ok {
-		c.prefix, c.suffix = nil, nil
+		c.disarm()
 		return b, 0
 	}
 	buf = c.wbuf[:0]
-	if c.prefix != nil {
-		buf = c.prefix.appendTo(buf)
-		lead = len(buf)
-		c.prefix.sent = true
-		c.queue = append(c.queue, segment{strip: true, inj: c.prefix})
-		c.prefix = nil
+	for _, in := range c.prefix {
+		buf = in.appendTo(buf)
+		in.sent = true
+		c.queue = append(c.queue, segment{strip: true, inj: in})
 	}
+	lead = len(buf)
 	buf = append(buf, b...)
 	for i := 0; i < syncs; i++ {
 		c.queue = append(c.queue, segment{})
 	}
-	if c.suffix != nil && exec {
-		buf = c.suffix.appendTo(buf)
-		c.suffix.sent = true
-		c.queue = append(c.queue, segment{strip: true, inj: c.suffix})
-		c.suffix = nil
+	if exec {
+		for _, in := range c.suffix {
+			buf = in.appendTo(buf)
+			in.sent = true
+			c.queue = append(c.queue, segment{strip: true, inj: in})
+		}
+		clear(c.suffix)
+		c.suffix = c.suffix[:0]
 	}
+	clear(c.prefix)
+	c.prefix = c.prefix[:0]
 	c.trimQueue()
 	c.wbuf = buf
 	return buf, lead
