@@ -18,14 +18,19 @@ import (
 // or in unit tests any database/sql driver connection (go-sqlmock) standing
 // in for one.
 type backend struct {
-	conn driver.Conn
-	pg   *pgconn.PgConn // nil for test doubles
-	wire *wire.Conn     // nil when pgryw's statements cannot ride along
-	pre  slot           // a statement riding in front of the next one (a replica's check)
-	post slot           // a statement riding behind the next one (a capture or a replay poll)
+	conn  driver.Conn
+	pg    *pgconn.PgConn // nil for test doubles
+	wire  *wire.Conn     // nil when pgryw's statements cannot ride along
+	pre   slot           // a statement riding in front of the next one (a replica's check)
+	post  slot           // a statement riding behind the next one (a capture or a replay poll)
+	state slot           // session state: its read-back on the primary, settings on a replica
 
-	// Names of pgryw's statements prepared on this connection.
+	applied applied // the settings a replica connection's session was given
+
+	// Names of pgryw's statements prepared on this connection, and the
+	// generation of their server-side names (see forgetPrepared).
 	prepared map[string]bool
+	prepGen  int
 	node     *node
 
 	major int // server major version; 0 when unknown
@@ -192,22 +197,36 @@ type slot struct {
 // injectPrepared readies a ride-along statement in s as an extended-protocol
 // execution of sql, prepared under name on first use on this connection
 // (Parse then, Bind/Execute/Sync every time): the server skips parse and
-// plan, which a simple Query pays on every write.
-func (b *backend) injectPrepared(s *slot, name, sql string) *wire.Injection {
+// plan, which a simple Query pays on every write. params are its bind
+// parameters in text format (nil: NULL).
+func (b *backend) injectPrepared(s *slot, name, sql string, params ...[]byte) *wire.Injection {
 	buf := s.msgs[:0]
-	if !b.prepared[name] {
+	base := name
+	if b.prepGen > 0 {
+		name += "_" + strconv.Itoa(b.prepGen)
+	}
+	if !b.prepared[base] {
 		buf, _ = (&pgproto3.Parse{Name: name, Query: sql}).Encode(buf)
 		if b.prepared == nil {
 			b.prepared = map[string]bool{}
 		}
-		b.prepared[name] = true
+		b.prepared[base] = true
 	}
-	buf, _ = (&pgproto3.Bind{PreparedStatement: name}).Encode(buf)
+	buf, _ = (&pgproto3.Bind{PreparedStatement: name, Parameters: params}).Encode(buf)
 	buf, _ = (&pgproto3.Execute{}).Encode(buf)
 	buf, _ = (&pgproto3.Sync{}).Encode(buf)
 	s.msgs = buf
 	s.inj.ResetMessages(buf)
 	return &s.inj
+}
+
+// forgetPrepared is for a statement that may deallocate prepared
+// statements (DEALLOCATE, DISCARD ALL): pgryw's ride-alongs behind it are
+// prepared again under new names, which cannot clash with the old ones
+// whether or not the statement dropped them.
+func (b *backend) forgetPrepared() {
+	b.prepGen++
+	clear(b.prepared)
 }
 
 // injectionFailed notes a ride-along statement's error: a prepared statement

@@ -36,6 +36,8 @@ type primaryStmt struct {
 	commits    bool            // it may commit a write (read_your_writes on)
 	inj        *wire.Injection // the ride-along capture, when armed
 	seen       lostSeen        // lost counts before it was sent
+	state      *wire.Injection // the ride-along read-back of session state, when armed
+	readBack   bool            // session state must be read back after it
 }
 
 // lostSeen holds the sessions' lost counts read before a capture was sent:
@@ -79,15 +81,18 @@ func (cn *Conn) beforePrimary(ctx context.Context, cls *sqlclass.Result) primary
 func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, commits bool) primaryStmt {
 	w := cn.primary
 	ws := primaryStmt{cls: cls, idleBefore: w.idle()}
-	if !cn.c.cfg.ReadYourWrites {
-		return ws
+	if cls.State&sqlclass.StateDeallocate != 0 {
+		w.forgetPrepared()
 	}
-	ws.commits = commits
-	ws.seen = cn.lostSeen(ctx)
-	if w.wire != nil && endsIdle(cls, ws.idleBefore) {
-		ws.inj = w.injectPrepared(&w.post, stmtCapture, sqlCapture)
-		w.wire.AppendAfterExec(ws.inj)
+	if cn.c.cfg.ReadYourWrites {
+		ws.commits = commits
+		ws.seen = cn.lostSeen(ctx)
+		if w.wire != nil && endsIdle(cls, ws.idleBefore) {
+			ws.inj = w.injectPrepared(&w.post, stmtCapture, sqlCapture)
+			w.wire.AppendAfterExec(ws.inj)
+		}
 	}
+	ws.state, ws.readBack = cn.armReadBack(cls, ws.idleBefore)
 	return ws
 }
 
@@ -104,15 +109,13 @@ func (cn *Conn) commits(cls *sqlclass.Result) bool {
 }
 
 // afterPrimary updates the connection once a statement has run on the primary
-// (err is its outcome): pins the connection when the statement changed
-// session state, tracks Exec'd transaction blocks, and moves the watermarks.
+// (err is its outcome): takes in the session state it left (state.go),
+// tracks Exec'd transaction blocks, and moves the watermarks.
 func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 	w := cn.primary
 	cls := ws.cls
 	pos, havePos := cn.settleCapture(ctx, w, ws.inj)
-	if err == nil && cls.Pin {
-		cn.pinned = true
-	}
+	cn.settleReadBack(ctx, ws, err)
 	closed := w.closed()
 	inBlock := !closed && !w.idle()
 

@@ -18,10 +18,10 @@ type Conn struct {
 
 	sess Session // this connection's own watermark
 
-	// pinned: a statement changed session state (SET, PREPARE, LISTEN, a
-	// temporary table, an advisory lock...) on the primary connection; every
-	// later statement runs there so it keeps seeing that state.
-	pinned bool
+	// pins: why reads stay on the primary connection: session state lives
+	// there (an advisory lock, LISTEN, a temporary table...; see state.go).
+	// 0: reads go to replicas, with the session's settings carried along.
+	pins pinReason
 
 	// blockWrote: a transaction block opened with an Exec'd BEGIN has run a
 	// statement that may write, so its COMMIT moves the watermark.
@@ -32,6 +32,7 @@ type Conn struct {
 
 // Close implements driver.Conn.
 func (cn *Conn) Close() error {
+	cn.setPins(0, "connection closed")
 	err := cn.primary.close()
 	for i, b := range cn.replicas {
 		if b != nil {
@@ -199,7 +200,7 @@ func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, e
 		read:        cn.c.readOnly(cls),
 		hintReplica: cls.Hint == sqlclass.HintReplica || wantsReplica(ctx),
 		hintPrimary: cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx),
-		pinned:      cn.pinned,
+		pinned:      cn.pins != 0,
 		inBlock:     !cn.primary.idle(),
 	})
 	if refused {

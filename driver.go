@@ -324,6 +324,16 @@ type Stats struct {
 	CaptureFailures int64 // commits whose position could not be read (the next read re-captures)
 	TokensClamped   int64 // Session positions beyond anything the primary had written, lowered to its position
 	TokensRebased   int64 // Session positions from another primary generation, moved to the current one
+	// Pinned counts the connections pinned to the primary now: session
+	// state they hold (an advisory lock, LISTEN, a temporary table...)
+	// keeps their reads there until it is released.
+	Pinned int64
+	// PinnedBy counts pinned connections by reason ("advisory lock",
+	// "LISTEN", "temporary table", "prepared statement", "cursor WITH
+	// HOLD", "setting a standby refuses", "set_config with a computed
+	// name", "LOAD or setseed", "state not read back yet"); a connection
+	// may count under several. Reasons with no connection are left out.
+	PinnedBy map[string]int64
 }
 
 type counters struct {
@@ -331,17 +341,26 @@ type counters struct {
 	waits, waitTimeouts, captures, captureFailures                  atomic.Int64
 	waitFors                                                        atomic.Int64 // checks sent as WAIT FOR LSN
 	tokensClamped, tokensRebased                                    atomic.Int64
+	pinned                                                          atomic.Int64
+	pinnedBy                                                        [numPinReasons]atomic.Int64
 }
 
 // Stats returns the connector's counters.
 func (c *Connector) Stats() Stats {
 	s := &c.stats
-	return Stats{
+	st := Stats{
 		ReplicaReads: s.replicaReads.Load(), PrimaryReads: s.primaryReads.Load(), Fallbacks: s.fallbacks.Load(),
 		StaleReads: s.staleReads.Load(), BehindErrors: s.behindErrors.Load(), Waits: s.waits.Load(),
 		WaitTimeouts: s.waitTimeouts.Load(), Captures: s.captures.Load(), CaptureFailures: s.captureFailures.Load(),
 		TokensClamped: s.tokensClamped.Load(), TokensRebased: s.tokensRebased.Load(),
+		Pinned: s.pinned.Load(), PinnedBy: map[string]int64{},
 	}
+	for i := range s.pinnedBy {
+		if n := s.pinnedBy[i].Load(); n != 0 {
+			st.PinnedBy[pinReasonNames[i]] = n
+		}
+	}
+	return st
 }
 
 var (

@@ -115,9 +115,13 @@ type attempt struct {
 	discard func()
 	ran     bool
 	err     error
+	// unset: the replica refused the connection's settings, which rode in
+	// front of the read; its answer must not be used.
+	unset bool
 }
 
 func (a *attempt) read() {
+	set := a.cn.armSettings(a.b)
 	if w := a.b.wire; w != nil {
 		if a.trail && a.cn.c.cfg.ReadYourWrites {
 			a.post = a.b.injectPrepared(&a.b.post, stmtPoll, sqlPoll)
@@ -129,6 +133,7 @@ func (a *attempt) read() {
 	if w := a.b.wire; w != nil {
 		w.Disarm()
 	}
+	a.unset = a.cn.settledSettings(a.b, set)
 }
 
 // drop discards the answer, whatever it was. A discarded read may leave a
@@ -277,6 +282,14 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 				a.read() // on_timeout=stale
 			}
 		}
+		if a.unset {
+			// The replica would not take the connection's settings: its
+			// reads stay on the primary, where the settings are.
+			a.drop()
+			cn.sess.set.refused = cn.sess.set.version
+			cn.setPins(cn.pins|pinSettings, "settings a replica refused")
+			return cn.toPrimary(), nil, nil
+		}
 		if a.err == nil {
 			if !b.stillStandby() {
 				// Promoted after this read was answered: the answer stands
@@ -355,6 +368,9 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResu
 			inj := cn.c.armCheck(b, wm, max(time.Until(deadline), time.Millisecond))
 			notices := b.wire.Notices()
 			a.read()
+			if a.unset {
+				return waitOK, nil
+			}
 			res, err := cn.c.checked(b, inj, wm)
 			if err == nil && res == waitOK && cn.c.methodFor(b) == WaitPolar {
 				res = cn.c.polarOutcome(b, a, wm, notices)

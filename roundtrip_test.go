@@ -197,6 +197,37 @@ func TestRoundTrips(t *testing.T) {
 	if w, r := delta(b); w != 3 || r != 0 {
 		t.Errorf("transaction: %d round trips to the primary, %d to replicas; want 3 and 0", w, r)
 	}
+	// A SET: one round trip, its read-back riding behind it. The read
+	// after it carries the setting to the replica in the same flush: as
+	// many round trips as a read without one.
+	timeoutRead := "SELECT current_setting('statement_timeout') FROM " + table + " LIMIT 1"
+	var timeout string
+	for i := 0; i < 4; i++ { // prepared on every replica, as in the warm-up
+		if err := db.QueryRow(timeoutRead).Scan(&timeout); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b = snapshot()
+	if _, err := db.Exec("SET statement_timeout = '7s'"); err != nil {
+		t.Fatal(err)
+	}
+	if w, r := delta(b); w != 1 || r != 0 {
+		t.Errorf("SET: %d round trips to the primary, %d to replicas; want 1 and 0", w, r)
+	}
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	learn()
+	b = snapshot()
+	if err := db.QueryRow(timeoutRead).Scan(&timeout); err != nil || timeout != "7s" {
+		t.Fatalf("read after SET: statement_timeout=%q err=%v", timeout, err)
+	}
+	if w, r := delta(b); w != 0 || r != 1 {
+		t.Errorf("read after SET: %d round trips to the primary, %d to replicas; want 0 and 1", w, r)
+	}
+	if st := c.Stats(); st.Pinned != 0 {
+		t.Errorf("a SET pinned the connection: %+v", st)
+	}
 	if st := c.Stats(); st.Captures < 9 || st.CaptureFailures != 0 {
 		t.Errorf("stats %+v", st)
 	}

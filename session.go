@@ -43,6 +43,11 @@ type Session struct {
 	mu   sync.Mutex
 	gen  generation // the primary generation of wm's position; zero: none yet
 	keys [][]byte   // token keys: the first signs, all verify
+
+	// set: a connection's own Session records its primary session's
+	// settings here, which its replica connections are given (state.go).
+	// Only that connection touches them, one statement at a time.
+	set settings
 }
 
 // generation names one history of the primary: its system identifier and

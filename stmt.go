@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"reflect"
+	"slices"
 
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
@@ -66,6 +67,7 @@ type tx struct {
 	wrote     bool // a statement that may write ran: the commit moves the watermark
 	opts      driver.TxOptions
 	ran       bool // a statement ran in it
+	tainted   bool // on a replica: a statement in it may have changed session state
 }
 
 // BeginTx implements driver.ConnBeginTx.
@@ -77,7 +79,7 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 	// hot standby"), so a read-only serializable transaction runs on the
 	// primary, where it means what it says.
 	serializable := sql.IsolationLevel(opts.Isolation) == sql.LevelSerializable
-	if opts.ReadOnly && !serializable && !cn.pinned && !wantsPrimary(ctx) && cn.primary.idle() {
+	if opts.ReadOnly && !serializable && cn.pins == 0 && !wantsPrimary(ctx) && cn.primary.idle() {
 		// BEGIN is routed like a read: the replica's check rides in front
 		// of it, so the snapshot, taken by the transaction's first
 		// statement, is no older than the watermark. A failed check rolls
@@ -113,14 +115,24 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 }
 
 func (t *tx) note(query string, err error) {
-	if t.onReplica || err != nil {
+	cls := t.cn.c.classes.get(query)
+	if t.onReplica {
+		// Session state taken in a transaction on a replica (a session
+		// SET, say) would outlive it there, unknown to pgryw: that
+		// replica connection is closed when the transaction ends.
+		t.tainted = t.tainted || touchesState(&cls)
 		return
 	}
-	cls := t.cn.c.classes.get(query)
-	if cls.Pin {
-		t.cn.pinned = true
+	for _, n := range cls.Settings {
+		if !slices.Contains(t.cn.sess.set.tracked, n) {
+			t.cn.sess.set.tracked = append(t.cn.sess.set.tracked, n)
+		}
 	}
-	if t.cn.c.mayWrite(&cls) {
+	if touchesState(&cls) {
+		// Read back when the transaction ends; until then, it is pinned.
+		t.cn.setPins(t.cn.pins|pinUnread, cls.Reason)
+	}
+	if err == nil && t.cn.c.mayWrite(&cls) {
 		t.wrote = true
 	}
 }
@@ -192,14 +204,21 @@ func (t *tx) end(f func() error, commit bool) error {
 	cn := t.cn
 	cn.tx = nil
 	t.b.txOpen = false
-	if !cn.c.cfg.ReadYourWrites {
-		return f()
+	if t.onReplica && !cn.c.cfg.ReadYourWrites {
+		err := f()
+		if t.tainted {
+			cn.dropReplica(t.b)
+		}
+		return err
 	}
 	if t.onReplica {
 		a := &attempt{ctx: t.ctx, cn: cn, b: t.b, trail: true, run: func(*backend) (func(), error) { return nil, f() }}
 		a.read()
 		err := a.err
 		a.finish()
+		if t.tainted {
+			cn.dropReplica(t.b)
+		}
 		return err
 	}
 	end := sqlclass.Result{Tx: sqlclass.TxRollback}

@@ -91,7 +91,7 @@ func routeOf(r Result) string {
 // stateString spells r.State and r.Settings as cases.tsv does: the kinds
 // in declaration order joined by "|", settings as settings=name/name.
 func stateString(r Result) string {
-	names := []string{"settings", "untracked", "prepared", "cursor", "listen", "temp", "lock", "sequence", "permanent", "discardall"}
+	names := []string{"settings", "untracked", "prepared", "cursor", "listen", "temp", "lock", "sequence", "permanent", "discardall", "deallocate"}
 	var parts []string
 	for i, n := range names {
 		if r.State&(1<<i) == 0 {

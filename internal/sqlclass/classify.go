@@ -108,6 +108,9 @@ const (
 	// StateDiscardAll: DISCARD ALL, which clears every kind but
 	// StatePermanent.
 	StateDiscardAll
+	// StateDeallocate: DEALLOCATE or DISCARD ALL, after which prepared
+	// statements may be gone, the router's own included.
+	StateDeallocate
 )
 
 // ReadOnly reports whether r may run on a replica, assuming every name in
@@ -671,7 +674,7 @@ func (c *classifier) stmt(ts []stok, depth int) part {
 	case kwListen, kwUnlisten:
 		return pinPart(t0.kw.upper(), StateListen)
 	case kwDeallocate:
-		return pinPart("DEALLOCATE", StatePrepared)
+		return pinPart("DEALLOCATE", StatePrepared|StateDeallocate)
 	case kwLoad:
 		return pinPart("LOAD", StatePermanent)
 	case kwReset:
@@ -755,7 +758,7 @@ func (c *classifier) resetStmt(ts []stok) part {
 func discardStmt(ts []stok) part {
 	switch keywordAt(ts, 1) {
 	case kwAll:
-		return pinPart("DISCARD ALL", StateDiscardAll|StateSettings|StatePrepared|StateCursor|StateListen|StateTemp|StateLock)
+		return pinPart("DISCARD ALL", StateDiscardAll|StateDeallocate|StateSettings|StatePrepared|StateCursor|StateListen|StateTemp|StateLock)
 	case kwTemp, kwTemporary:
 		return pinPart("DISCARD TEMP", StateTemp)
 	}

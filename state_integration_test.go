@@ -1,0 +1,257 @@
+package pgryw_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/pgryw/pgryw"
+)
+
+// onReplica runs q (one row, one column) through the pool and reports
+// whether a replica served it, from pg_is_in_recovery() in the same row.
+func onReplica(t *testing.T, ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, query string, dst any) bool {
+	t.Helper()
+	var rec bool
+	if err := q.QueryRowContext(ctx, "SELECT ("+query+"), pg_is_in_recovery()").Scan(dst, &rec); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return rec
+}
+
+// TestIntegrationSessionStatePinsWhileItLives takes each kind of session
+// state on a pool of one connection, checks that statements depending on it
+// see it (on the primary) and that reads stay there while it lives, then
+// releases it and checks that the next reads, on the same checkout and on
+// the next ones, are served by replicas again. Before pgryw read the state
+// back, any of these pinned the connection for its life.
+func TestIntegrationSessionStatePinsWhileItLives(t *testing.T) {
+	ctx := context.Background()
+	setup, _ := openDB(t, "")
+	for _, q := range []string{"CREATE SEQUENCE IF NOT EXISTS st_seq", "CREATE TABLE IF NOT EXISTS st_t (v int)"} {
+		if _, err := setup.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { setup.Exec("DROP SEQUENCE IF EXISTS st_seq"); setup.Exec("DROP TABLE IF EXISTS st_t") })
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name    string
+		take    []string
+		reason  string   // Stats.PinnedBy while held; "" never pins
+		uses    []string // depend on the state: must work while held
+		release []string
+	}{
+		{"advisory lock", []string{"SELECT pg_advisory_lock(91)"}, "advisory lock", nil, []string{"SELECT pg_advisory_unlock(91)"}},
+		{"try advisory lock", []string{"SELECT pg_try_advisory_lock(92)", "SELECT pg_try_advisory_lock(92)"}, "advisory lock", nil,
+			[]string{"SELECT pg_advisory_unlock(92)", "SELECT pg_advisory_unlock(92)"}},
+		{"advisory unlock all", []string{"SELECT pg_advisory_lock_shared(93)", "SELECT pg_advisory_lock(94)"}, "advisory lock", nil,
+			[]string{"SELECT pg_advisory_unlock_all()"}},
+		{"transaction advisory lock", []string{"BEGIN", "SELECT pg_advisory_xact_lock(95)", "COMMIT"}, "", nil, nil},
+		{"LISTEN", []string{"LISTEN st_chan"}, "LISTEN", nil, []string{"UNLISTEN *"}},
+		{"temporary table dropped", []string{"CREATE TEMP TABLE st_tmp (i int)", "INSERT INTO st_tmp VALUES (1)"}, "temporary table",
+			[]string{"SELECT count(*) FROM st_tmp"}, []string{"DROP TABLE st_tmp"}},
+		{"temporary table discarded", []string{"CREATE TEMP TABLE st_tmp2 AS SELECT 1 AS i"}, "temporary table",
+			[]string{"SELECT i FROM st_tmp2"}, []string{"DISCARD TEMP"}},
+		{"prepared statement", []string{"PREPARE st_p AS SELECT 41"}, "prepared statement", []string{"EXECUTE st_p"}, []string{"DEALLOCATE st_p"}},
+		{"cursor WITH HOLD", []string{"BEGIN", "DECLARE st_c CURSOR WITH HOLD FOR SELECT g FROM generate_series(1, 3) g", "COMMIT"},
+			"cursor WITH HOLD", []string{"FETCH 1 FROM st_c"}, []string{"CLOSE st_c"}},
+		{"DISCARD ALL", []string{"SELECT pg_advisory_lock(96)", "LISTEN st_chan2", "CREATE TEMP TABLE st_tmp3 (i int)", "SET ROLE NONE"},
+			"advisory lock", []string{"SELECT count(*) FROM st_tmp3"}, []string{"DISCARD ALL"}},
+		{"a default a standby refuses", []string{"SET default_transaction_isolation = 'serializable'"}, "setting a standby refuses",
+			[]string{"SELECT count(*) FROM st_t"}, []string{"RESET default_transaction_isolation"}},
+		{"set_config with a computed name", []string{"SELECT set_config(lower('APP.X'), '1', false)"}, "set_config with a computed name",
+			nil, []string{"DISCARD ALL"}},
+		{"currval", []string{"SELECT nextval('st_seq')"}, "", []string{"SELECT currval('st_seq')"}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			db, c := openDB(t, "")
+			db.SetMaxOpenConns(1)
+			var rec bool
+			for _, q := range tc.take {
+				if _, err := db.ExecContext(ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			st := c.Stats()
+			if tc.reason == "" {
+				if st.Pinned != 0 {
+					t.Fatalf("pinned: %+v", st)
+				}
+			} else {
+				if st.Pinned != 1 || st.PinnedBy[tc.reason] != 1 {
+					t.Fatalf("want pinned by %q: %+v", tc.reason, st)
+				}
+				var one int
+				if onReplica(t, ctx, db, "SELECT 1", &one) {
+					t.Fatal("a read left the primary while the state lives")
+				}
+			}
+			for _, q := range tc.uses {
+				var v any
+				if err := db.QueryRowContext(ctx, q).Scan(&v); err != nil {
+					t.Fatalf("%s while the state lives: %v", q, err)
+				}
+				if tc.name == "currval" {
+					var cur int64
+					if onReplica(t, ctx, db, "SELECT currval('st_seq')", &cur) {
+						t.Fatal("currval served by a replica")
+					}
+				}
+			}
+			for _, q := range tc.release {
+				if _, err := db.ExecContext(ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			if st := c.Stats(); st.Pinned != 0 || len(st.PinnedBy) != 0 {
+				t.Fatalf("still pinned after release: %+v", st)
+			}
+			// The same connection, checked out again and again.
+			for i := 0; i < 3; i++ {
+				var one int
+				if !onReplica(t, ctx, db, "SELECT 1", &one) {
+					t.Fatalf("read %d after release served by the primary", i)
+				}
+			}
+			_ = rec
+		})
+	}
+}
+
+// TestIntegrationSettingsTravel checks that session settings reach the
+// replica that serves the next read, without pinning: search_path resolves
+// an unqualified table that exists only in another schema to the same
+// table on the replica as on the primary; set_config of a custom parameter,
+// SET ROLE and statement_timeout are seen there; RESET takes them back.
+// Settings made in a transaction that rolled back, or with SET LOCAL, do
+// not travel.
+func TestIntegrationSettingsTravel(t *testing.T) {
+	ctx := context.Background()
+	setup, _ := openDB(t, "")
+	for _, q := range []string{
+		"DROP SCHEMA IF EXISTS st_s CASCADE", "CREATE SCHEMA st_s", "CREATE TABLE st_s.st_only (v int)",
+		"INSERT INTO st_s.st_only VALUES (7)", "DROP ROLE IF EXISTS st_role", "CREATE ROLE st_role",
+		"GRANT USAGE ON SCHEMA st_s TO st_role", "GRANT SELECT ON st_s.st_only TO st_role",
+	} {
+		if _, err := setup.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		setup.Exec("DROP SCHEMA IF EXISTS st_s CASCADE")
+		setup.Exec("DROP ROLE IF EXISTS st_role")
+	})
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	pool, c := openDB(t, "")
+	c.SetLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	// One connection throughout: an Exec'd BEGIN must not return it to
+	// the pool inside a transaction block.
+	db, err := pool.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	exec := func(q string) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// want reads query on a replica and checks its text value.
+	want := func(query, value string) {
+		t.Helper()
+		for i := 0; i < 2; i++ { // both replicas, in turn
+			var got sql.NullString
+			if !onReplica(t, ctx, db, query, &got) {
+				t.Fatalf("%s served by the primary", query)
+			}
+			if got.String != value {
+				t.Fatalf("%s on a replica: %q, want %q", query, got.String, value)
+			}
+		}
+	}
+
+	exec("SET search_path TO st_s, public")
+	want("SELECT v::text FROM st_only", "7")
+	exec("SELECT set_config('app.tenant', '42', false)")
+	want("SELECT current_setting('app.tenant')", "42")
+	exec("SET ROLE st_role")
+	want("SELECT current_user::text", "st_role")
+	want("SELECT v::text FROM st_only", "7")
+	exec("RESET ROLE")
+	want("SELECT current_user::text", "postgres")
+	exec("SET statement_timeout = '4s'")
+	want("SELECT current_setting('statement_timeout')", "4s")
+	exec("RESET search_path")
+	want("SELECT current_setting('search_path')", `"$user", public`)
+	// A transaction that rolls back takes its SET with it.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "SET statement_timeout = '9s'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	want("SELECT current_setting('statement_timeout')", "4s")
+	// SET LOCAL lives and dies with its transaction.
+	exec("BEGIN")
+	exec("SET LOCAL statement_timeout = '8s'")
+	exec("COMMIT")
+	want("SELECT current_setting('statement_timeout')", "4s")
+	// A committed one travels.
+	exec("BEGIN")
+	exec("SET statement_timeout = '5s'")
+	exec("COMMIT")
+	want("SELECT current_setting('statement_timeout')", "5s")
+	exec("RESET ALL") // app.tenant is reset to '' (a placeholder stays)
+	want("SELECT current_setting('statement_timeout')", "0")
+	want("SELECT current_setting('app.tenant', true)", "")
+	if st := c.Stats(); st.Pinned != 0 || st.PrimaryReads != 0 {
+		t.Fatalf("settings pinned the connection or sent reads to the primary: %+v", st)
+	}
+	// An advisory lock pins and is logged, its release too; no statement
+	// text or value in the lines.
+	exec("SELECT pg_advisory_lock(97)")
+	exec("SELECT pg_advisory_unlock(97)")
+	out := logs.String()
+	if !strings.Contains(out, "pinned to the primary") || !strings.Contains(out, "reasons=\"advisory lock\"") || !strings.Contains(out, "released") {
+		t.Fatalf("log lines:\n%s", out)
+	}
+	if strings.Contains(out, "97") || strings.Contains(out, "st_role") || strings.Contains(out, "42") {
+		t.Fatalf("a log line carries statement text or values:\n%s", out)
+	}
+}
+
+// TestIntegrationSettingsOffPinsNothingElse: with read_your_writes=off the
+// settings still travel (routing does not depend on watermarks).
+func TestIntegrationSettingsWithoutReadYourWrites(t *testing.T) {
+	ctx := context.Background()
+	db, c := openDB(t, "read_your_writes=off")
+	db.SetMaxOpenConns(1)
+	if _, err := db.ExecContext(ctx, "SET application_name = 'st_app'"); err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	if !onReplica(t, ctx, db, "SELECT current_setting('application_name')", &name) || name != "st_app" {
+		t.Fatalf("application_name on the replica: %q", name)
+	}
+	if st := c.Stats(); st.Pinned != 0 {
+		t.Fatalf("%+v", st)
+	}
+	_ = pgryw.Stats{}
+}
