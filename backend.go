@@ -24,6 +24,7 @@ type backend struct {
 	pre   slot           // a statement riding in front of the next one (a replica's check)
 	post  slot           // a statement riding behind the next one (a capture or a replay poll)
 	state slot           // session state: its read-back on the primary, settings on a replica
+	reset wire.Injection // reset_session's reset, riding in front of a statement
 
 	applied applied // the settings a replica connection's session was given
 

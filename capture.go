@@ -34,6 +34,7 @@ type primaryStmt struct {
 	cls        *sqlclass.Result
 	idleBefore bool
 	commits    bool            // it may commit a write (read_your_writes on)
+	reset      *wire.Injection // reset_session's reset in front of it, when armed
 	inj        *wire.Injection // the ride-along capture, when armed
 	seen       lostSeen        // lost counts before it was sent
 	state      *wire.Injection // the ride-along read-back of session state, when armed
@@ -84,6 +85,7 @@ func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, 
 	if cls.State&sqlclass.StateDeallocate != 0 {
 		w.forgetPrepared()
 	}
+	ws.reset = cn.armReset()
 	if cn.c.cfg.ReadYourWrites {
 		ws.commits = commits
 		ws.seen = cn.lostSeen(ctx)
@@ -114,6 +116,10 @@ func (cn *Conn) commits(cls *sqlclass.Result) bool {
 func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 	w := cn.primary
 	cls := ws.cls
+	if ws.reset != nil && ws.inj == nil && ws.state == nil {
+		w.wire.Disarm()
+	}
+	cn.settleReset(ctx, ws.reset)
 	pos, havePos := cn.settleCapture(ctx, w, ws.inj)
 	cn.settleReadBack(ctx, ws, err)
 	closed := w.closed()
@@ -362,6 +368,12 @@ func (cn *Conn) RunOnPrimary(ctx context.Context, f func(*pgx.Conn) error) error
 	sc, ok := cn.primary.conn.(*stdlib.Conn)
 	if !ok {
 		return errors.New("pgryw: RunOnPrimary needs a pgx connection")
+	}
+	if cn.resetPending && cn.primary.idle() {
+		cn.resetPending = false
+		if _, _, err := cn.primary.control(ctx, sqlReset+"; SELECT 1"); err != nil {
+			return err
+		}
 	}
 	err := f(sc.Conn())
 	if cn.c.plain || !cn.c.cfg.ReadYourWrites {

@@ -23,6 +23,10 @@ type Conn struct {
 	// 0: reads go to replicas, with the session's settings carried along.
 	pins pinReason
 
+	// resetPending: reset_session's reset rides in front of the next
+	// statement on the primary.
+	resetPending bool
+
 	// blockWrote: a transaction block opened with an Exec'd BEGIN has run a
 	// statement that may write, so its COMMIT moves the watermark.
 	blockWrote bool
@@ -83,7 +87,12 @@ func (cn *Conn) ResetSession(ctx context.Context) error {
 		}
 	}
 	if r, ok := cn.primary.conn.(driver.SessionResetter); ok {
-		return r.ResetSession(ctx)
+		if err := r.ResetSession(ctx); err != nil {
+			return err
+		}
+	}
+	if cn.c.cfg.ResetSession && !cn.c.plain {
+		return cn.resetState(ctx)
 	}
 	return nil
 }

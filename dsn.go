@@ -120,6 +120,10 @@ type Config struct {
 	// lower-cased, always treated as read-only, without asking the primary's
 	// catalog. DSN key read_functions, a comma-separated list; default none.
 	ReadFunctions []string
+	// ResetSession makes a connection that the pool hands out again start
+	// with a clean session (see README, Session state). DSN key
+	// reset_session, on or off; default off.
+	ResetSession bool
 	// Logger receives pgryw's log lines: node state changes at Info and
 	// Warn, connections pinned to the primary and released at Info,
 	// routing decisions at Debug. Lines never carry a password, a bind
@@ -163,6 +167,8 @@ var dsnOptions = []dsnOption{
 	listOption("read_functions", "function names, optionally schema-qualified",
 		func(c *Config) *[]string { return &c.ReadFunctions }, parseFuncList, nil,
 		"Treat these functions as read-only without asking the catalog."),
+	boolOption("reset_session", false, func(c *Config) *bool { return &c.ResetSession },
+		"`on`: a connection the pool hands out again starts clean, as after `DISCARD ALL`: settings, `LISTEN`, temporary tables, cursors and advisory locks left by its last user are gone, on the primary and its replica connections. The reset rides in front of the connection's next statement on the primary (no round trip), except that advisory locks and `PREPARE`d statements are released at once (one round trip). Costs nothing for a connection left clean. See [Session state](#session-state)."),
 }
 
 // dsnOption describes one of pgryw's DSN keys: how to read it, write it

@@ -2,6 +2,7 @@ package pgryw
 
 import (
 	"context"
+	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pgryw/pgryw/internal/sqlclass"
 	"github.com/pgryw/pgryw/internal/wire"
 )
@@ -268,6 +270,76 @@ func (cn *Conn) setPins(p pinReason, why string) {
 		s.pinned.Add(-1)
 		cn.c.logAt(slog.LevelInfo, "pgryw: connection released: its reads go to replicas again",
 			slog.String("statement", why))
+	}
+}
+
+// sqlReset is DISCARD ALL without DEALLOCATE ALL, which would drop pgx's
+// own prepared statements behind its back (PREPAREd ones are dropped
+// through pgx, see resetState). One simple query: it runs as one implicit
+// transaction, in which each of these may run.
+const sqlReset = "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; " +
+	"SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD PLANS; DISCARD TEMP; DISCARD SEQUENCES"
+
+// resetState makes the connection's session clean for its next user
+// (reset_session=on), when its last user left state behind: at once, with
+// a round trip, when that state holds others up (advisory locks) or is
+// not known; else riding in front of its next statement on the primary.
+// Replica connections are given the clean settings with their next read.
+func (cn *Conn) resetState(ctx context.Context) error {
+	set := &cn.sess.set
+	if cn.pins&^pinPermanent == 0 && len(set.names) == 0 && len(set.tracked) == 0 {
+		return nil
+	}
+	w := cn.primary
+	if w.wire == nil {
+		return nil
+	}
+	if cn.pins&(pinLock|pinPrepared|pinUnread) != 0 {
+		if _, _, err := w.control(ctx, sqlReset+"; SELECT 1"); err != nil {
+			return driver.ErrBadConn // database/sql closes it
+		}
+		if sc, ok := w.conn.(*stdlib.Conn); ok {
+			if err := sc.Conn().DeallocateAll(ctx); err != nil {
+				return driver.ErrBadConn
+			}
+		}
+		w.forgetPrepared()
+	} else {
+		cn.resetPending = true
+	}
+	set.names, set.values, set.tracked = nil, nil, nil
+	set.version++
+	cn.setPins(cn.pins&pinPermanent, "reset_session")
+	return nil
+}
+
+// armReset puts a pending reset in front of the statement about to run on
+// the primary.
+func (cn *Conn) armReset() *wire.Injection {
+	w := cn.primary
+	if !cn.resetPending || w.wire == nil || !w.idle() {
+		return nil
+	}
+	cn.resetPending = false
+	inj := &w.reset
+	inj.Reset(sqlReset)
+	w.wire.Prefix(inj)
+	return inj
+}
+
+// settleReset reads the reset's answer. When it did not run (the
+// statement behind it never went out), it is pending again; when it
+// failed, the session state is read back after the next statement.
+func (cn *Conn) settleReset(ctx context.Context, inj *wire.Injection) {
+	if inj == nil {
+		return
+	}
+	if !inj.Sent() {
+		cn.resetPending = true
+		return
+	}
+	if !cn.await(ctx, cn.primary, inj) || inj.Err() != nil {
+		cn.setPins(cn.pins|pinUnread, "reset_session")
 	}
 }
 

@@ -105,7 +105,12 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 			return cn.tx, nil
 		}
 	}
+	reset := cn.armReset()
 	inner, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	if reset != nil {
+		cn.primary.wire.Disarm()
+		cn.settleReset(ctx, reset)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -221,9 +226,9 @@ func (t *tx) end(f func() error, commit bool) error {
 		}
 		return err
 	}
-	end := sqlclass.Result{Tx: sqlclass.TxRollback}
+	end := sqlclass.Result{Tx: sqlclass.TxRollback, Reason: "ROLLBACK"}
 	if commit {
-		end = sqlclass.Result{Tx: sqlclass.TxCommit, Write: t.wrote}
+		end = sqlclass.Result{Tx: sqlclass.TxCommit, Write: t.wrote, Reason: "COMMIT"}
 	}
 	ws := cn.beforePrimaryCommits(t.ctx, &end, commit && t.wrote)
 	err := f()
