@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -271,5 +272,66 @@ func TestAwaitBesideBackgroundReader(t *testing.T) {
 	}
 	if err := <-bg; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSeveralInjectionsEachSide: two prefixes go out in the order armed,
+// ahead of pgx's write, and two suffixes behind it; each gets its own
+// answer (one failing), and pgx sees only its own.
+func TestSeveralInjectionsEachSide(t *testing.T) {
+	row := func(v string) []byte {
+		return enc(t,
+			&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("x")}}},
+			&pgproto3.DataRow{Values: [][]byte{[]byte(v)}},
+			&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+			&pgproto3.ReadyForQuery{TxStatus: 'I'},
+		)
+	}
+	failed := enc(t,
+		&pgproto3.ErrorResponse{Severity: "ERROR", Code: "22023", Message: "invalid value"},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	pgxAnswer := enc(t,
+		&pgproto3.BindComplete{},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 0")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	var data []byte
+	for _, part := range [][]byte{row("p1"), failed, pgxAnswer, row("s1"), row("s2")} {
+		data = append(data, part...)
+	}
+	for seed := int64(0); seed < 200; seed++ {
+		under := &chunked{data: append([]byte{}, data...), rng: rand.New(rand.NewSource(seed))}
+		c := Wrap(under)
+		p1, p2 := &Injection{SQL: "SELECT 'p1'"}, &Injection{SQL: "SELECT 'p2'"}
+		s1, s2 := &Injection{SQL: "SELECT 's1'"}, &Injection{SQL: "SELECT 's2'"}
+		c.Prefix(p1)
+		c.Prefix(p2)
+		c.AppendAfterExec(s1)
+		c.AppendAfterExec(s2)
+		write := encF(t, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{})
+		if n, err := c.Write(write); err != nil || n != len(write) {
+			t.Fatalf("write n=%d err=%v", n, err)
+		}
+		w := under.written.String()
+		if i1, i2, iw, j1, j2 := strings.Index(w, "'p1'"), strings.Index(w, "'p2'"), strings.Index(w, "B\x00"), strings.Index(w, "'s1'"), strings.Index(w, "'s2'"); !(i1 < i2 && i2 < iw && iw < j1 && j1 < j2) {
+			t.Fatalf("order on the wire: %q", w)
+		}
+		got, _ := io.ReadAll(c)
+		if !bytes.Equal(got, pgxAnswer) {
+			t.Fatalf("seed %d: pgx saw %q", seed, got)
+		}
+		for _, x := range []struct {
+			in   *Injection
+			want string
+		}{{p1, "p1"}, {s1, "s1"}, {s2, "s2"}} {
+			r, _ := x.in.Row()
+			if !x.in.Done() || len(r) != 1 || r[0] != x.want {
+				t.Fatalf("seed %d: %s: %+v", seed, x.want, x.in)
+			}
+		}
+		if !p2.Done() || p2.Err() == nil {
+			t.Fatalf("seed %d: p2 %+v", seed, p2)
+		}
 	}
 }
