@@ -24,10 +24,13 @@ import (
 	"github.com/pgryw/pgryw"
 )
 
-// countRows reads count(*) of table through q.
-func countRows(t *testing.T, ctx context.Context, q interface {
+// rowQuerier is what *sql.DB, *sql.Conn and *sql.Tx share for one row.
+type rowQuerier interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, table string) int {
+}
+
+// countRows reads count(*) of table through q.
+func countRows(t *testing.T, ctx context.Context, q rowQuerier, table string) int {
 	t.Helper()
 	var n int
 	if err := q.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {

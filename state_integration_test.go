@@ -13,9 +13,7 @@ import (
 
 // onReplica runs q (one row, one column) through the pool and reports
 // whether a replica served it, from pg_is_in_recovery() in the same row.
-func onReplica(t *testing.T, ctx context.Context, q interface {
-	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, query string, dst any) bool {
+func onReplica(t *testing.T, ctx context.Context, q rowQuerier, query string, dst any) bool {
 	t.Helper()
 	var rec bool
 	if err := q.QueryRowContext(ctx, "SELECT ("+query+"), pg_is_in_recovery()").Scan(dst, &rec); err != nil {
