@@ -79,7 +79,8 @@ func (p pinReason) names() []string {
 // caller text: parameter names and values travel as bind parameters.
 const (
 	// sqlState reads the session state that pins, and every session-level
-	// setting: pg_settings lists those set in the session, and $1 names
+	// setting: pg_settings lists those set in the session (but for the
+	// transaction_* ones, which last one transaction), and $1 names
 	// more that it does not list (role, session_authorization and custom
 	// parameters such as app.tenant, as SET and set_config named them).
 	sqlState = `SELECT` +
@@ -91,6 +92,7 @@ const (
 		` (SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n, v) ORDER BY n) FROM` +
 		` (SELECT n, pg_catalog.current_setting(n, true) FROM` +
 		` (SELECT pg_catalog.lower(name) FROM pg_catalog.pg_settings WHERE source = 'session'` +
+		` AND name NOT IN ('transaction_isolation', 'transaction_read_only', 'transaction_deferrable')` +
 		` UNION SELECT pg_catalog.lower(t) FROM pg_catalog.unnest($1::pg_catalog.text[]) t) s(n)) x(n, v)` +
 		` WHERE v IS NOT NULL)`
 	// sqlApplySettings sets each parameter of $1 to the value at the same
@@ -131,16 +133,24 @@ func (cn *Conn) needsReadBack(cls *sqlclass.Result) bool {
 	return touchesState(cls) || cn.pins&pinUnread != 0 || cn.pins&readBack != 0 && !cn.c.readOnly(cls)
 }
 
+// track adds the parameters a statement names to those the read-back asks
+// for. transaction_isolation, transaction_read_only and
+// transaction_deferrable are left out: they last one transaction, and a
+// standby refuses transaction_read_only = off.
+func (cn *Conn) track(cls *sqlclass.Result) {
+	for _, n := range cls.Settings {
+		if !strings.HasPrefix(n, "transaction_") && !slices.Contains(cn.sess.set.tracked, n) {
+			cn.sess.set.tracked = append(cn.sess.set.tracked, n)
+		}
+	}
+}
+
 // armReadBack readies the read-back of session state behind a statement
 // about to run on the primary, when it needs one and the connection is sure
 // to be outside a transaction block afterwards. It returns the injection,
 // and whether a read-back was needed at all.
 func (cn *Conn) armReadBack(cls *sqlclass.Result, idleBefore bool) (*wire.Injection, bool) {
-	for _, n := range cls.Settings {
-		if !slices.Contains(cn.sess.set.tracked, n) {
-			cn.sess.set.tracked = append(cn.sess.set.tracked, n)
-		}
-	}
+	cn.track(cls)
 	if !cn.needsReadBack(cls) {
 		return nil, false
 	}

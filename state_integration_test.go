@@ -68,6 +68,7 @@ func TestIntegrationSessionStatePinsWhileItLives(t *testing.T) {
 		{"set_config with a computed name", []string{"SELECT set_config(lower('APP.X'), '1', false)"}, "set_config with a computed name",
 			nil, []string{"DISCARD ALL"}},
 		{"currval", []string{"SELECT nextval('st_seq')"}, "", []string{"SELECT currval('st_seq')"}, nil},
+		{"transaction-scoped settings", []string{"SET transaction_read_only = off", "SET transaction_isolation = 'repeatable read'"}, "", nil, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

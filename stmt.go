@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"reflect"
-	"slices"
 
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
@@ -128,11 +127,7 @@ func (t *tx) note(query string, err error) {
 		t.tainted = t.tainted || touchesState(&cls)
 		return
 	}
-	for _, n := range cls.Settings {
-		if !slices.Contains(t.cn.sess.set.tracked, n) {
-			t.cn.sess.set.tracked = append(t.cn.sess.set.tracked, n)
-		}
-	}
+	t.cn.track(&cls)
 	if touchesState(&cls) {
 		// Read back when the transaction ends; until then, it is pinned.
 		t.cn.setPins(t.cn.pins|pinUnread, cls.Reason)
