@@ -277,23 +277,26 @@ func (h *lines) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
-// waitFor waits up to 20 s for a line that starts with prefix and contains
-// node.
-func (h *lines) waitFor(t *testing.T, prefix, node string) {
+// waitFor waits up to 20 s for a line at or after index from that starts
+// with prefix and names node, and returns its index.
+func (h *lines) waitFor(t *testing.T, from int, prefix, node string) int {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		h.mu.Lock()
-		for _, l := range h.got {
-			if strings.HasPrefix(l, prefix) && strings.Contains(l, "node="+node+" ") {
+		for i := from; i < len(h.got); i++ {
+			if l := h.got[i]; strings.HasPrefix(l, prefix) && strings.Contains(l, "node="+node+" ") {
 				h.mu.Unlock()
-				return
+				return i
 			}
 		}
 		h.mu.Unlock()
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("no line %q for %s in %q", prefix, node, h.got)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t.Fatalf("no line %q for %s in %q", prefix, node, h.got[from:])
+	return 0
 }
 
 // The monitor notices a replica going down and coming back, and says so at
@@ -306,7 +309,7 @@ func TestIntegrationNodeStateLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := cluster.ReplicaAddrs()[1]
-	h.waitFor(t, "INFO pgryw: node up", addr)
+	i := h.waitFor(t, 0, "INFO pgryw: node up", addr)
 	if err := cluster.StopNode(1); err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +321,7 @@ func TestIntegrationNodeStateLogged(t *testing.T) {
 			}
 		}
 	}()
-	h.waitFor(t, "WARN pgryw: node down", addr)
+	i = h.waitFor(t, i, "WARN pgryw: node down", addr)
 	if s := c.NodeStats()[2]; s.Addr != addr || s.Health != pgryw.HealthDown && s.Health != pgryw.HealthUp {
 		// Up only in the instant between a backoff's end and the next probe.
 		t.Errorf("stopped replica: %+v", s)
@@ -327,14 +330,9 @@ func TestIntegrationNodeStateLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped = false
-	h.mu.Lock()
-	t.Logf("while stopped: %q", h.got)
-	h.got = nil
-	h.mu.Unlock()
-	h.waitFor(t, "INFO pgryw: node up", addr)
+	h.waitFor(t, i, "INFO pgryw: node up", addr)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	t.Logf("once started: %q", h.got)
 	for _, l := range h.got {
 		if strings.Contains(l, "password") || strings.Contains(l, cluster.WriterDSN()) {
 			t.Errorf("log line %q", l)
