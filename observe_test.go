@@ -552,3 +552,30 @@ func TestObserveAllocs(t *testing.T) {
 		t.Fatal("hooks not called")
 	}
 }
+
+func TestNodeHealth(t *testing.T) {
+	n := &node{index: 0}
+	now := func() int64 { return time.Now().UnixNano() }
+	steps := []struct {
+		do   func()
+		want Health
+	}{
+		{func() {}, HealthUp},
+		{n.markRefused, HealthRefused},
+		{n.markDown, HealthDown}, // a later failure's backoff is not the refusal's
+		{func() { n.downUntil.Store(0) }, HealthUp},
+		{n.markRefused, HealthRefused},
+		{func() { n.notStandby.Store(true) }, HealthNotStandby},
+	}
+	for i, s := range steps {
+		s.do()
+		if got := n.health(now()); got != s.want {
+			t.Fatalf("step %d: %v, want %v", i, got, s.want)
+		}
+	}
+	p := &node{index: -1}
+	p.notStandby.Store(true) // a primary is no standby; that is no news
+	if got := p.health(now()); got != HealthUp {
+		t.Fatalf("primary: %v", got)
+	}
+}

@@ -195,8 +195,8 @@ const refusedBackoff = time.Minute
 
 // markRefused leaves n out of reads for refusedBackoff.
 func (n *node) markRefused() {
-	n.obs.refused.Store(true)
 	n.downUntil.Store(time.Now().Add(refusedBackoff).UnixNano())
+	n.obs.refusedUntil.Store(n.downUntil.Load())
 }
 
 // pipelinedAttempts bounds how many times a read is sent along with a check

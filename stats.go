@@ -134,7 +134,7 @@ type nodeObs struct {
 	waitSum                                             atomic.Int64 // ns
 	fallbacks, misses                                   [fallbackCount]atomic.Int64
 	health                                              atomic.Uint32 // Health last noted (noteHealth)
-	refused                                             atomic.Bool   // the current backoff is a refusal's
+	refusedUntil                                        atomic.Int64  // the downUntil markRefused set
 }
 
 // observeWait adds a wait of d to the histogram.
@@ -150,16 +150,16 @@ func (o *nodeObs) observeWait(d time.Duration) {
 // health returns n's state at now (unix ns), from what the routing code and
 // the monitor recorded on it.
 func (n *node) health(now int64) Health {
-	switch {
-	case n.index >= 0 && n.notStandby.Load():
+	if n.index >= 0 && n.notStandby.Load() {
 		return HealthNotStandby
-	case n.downUntil.Load() > now:
-		if n.obs.refused.Load() {
-			return HealthRefused
-		}
-		return HealthDown
 	}
-	return HealthUp
+	switch until := n.downUntil.Load(); {
+	case until <= now:
+		return HealthUp
+	case until == n.obs.refusedUntil.Load():
+		return HealthRefused // the backoff is the refusal's, not a later failure's
+	}
+	return HealthDown
 }
 
 // NodeStats returns the counters and state of every node: the primary
