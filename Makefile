@@ -2,12 +2,12 @@
 GO ?= go
 FUZZTIME ?= 10s
 
-.PHONY: test test-pg19 test-pg18 unit vet generate generate-check dockertest redisstore fuzz fuzz-all difftest ormcheck demo bench postgres check-long
+.PHONY: test test-pg19 test-pg18 unit vet generate generate-check dockertest redisstore otel prometheus fuzz fuzz-all difftest ormcheck demo bench postgres check-long
 
 test: postgres vet
 	@./scripts/pg-version.sh "" "Debian's server: every test, with -race"
 	$(GO) test -race -count=1 ./...
-	$(MAKE) difftest ormcheck dockertest redisstore fuzz generate-check
+	$(MAKE) difftest ormcheck dockertest redisstore otel prometheus fuzz generate-check
 	$(MAKE) test-pg19 test-pg18
 
 # The generated classifier table matches what the server says.
@@ -49,6 +49,8 @@ vet:
 	cd internal/pgquerycheck && $(GO) vet ./... && $(STATICCHECK) ./...
 	cd internal/dockertest && $(GO) vet ./... && $(STATICCHECK) ./...
 	cd redisstore && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd otel && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd prometheus && $(GO) vet ./... && $(STATICCHECK) ./...
 
 unit:
 	$(GO) test -count=1 -short ./...
@@ -70,6 +72,17 @@ dockertest:
 # redis-server on loopback, installing Debian's package when missing.
 redisstore:
 	cd redisstore && $(GO) test -race -count=1 ./...
+
+# OpenTelemetry span attributes, and otelsql wrapping pgryw (with its
+# sqlcommenter comments) without changing a route; its own module, tested
+# against a real primary and replica.
+otel:
+	cd otel && $(GO) test -race -count=1 ./...
+
+# The Prometheus collector for the per-node stats (its own module), scraped
+# over HTTP with a real primary and replica behind it.
+prometheus:
+	cd prometheus && $(GO) test -race -count=1 ./...
 
 # sqlx and GORM on pgryw against real replicas; its own module, so pgryw's
 # users never download them.

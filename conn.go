@@ -32,6 +32,8 @@ type Conn struct {
 	blockWrote bool
 
 	tx *tx // the open database/sql transaction, if any
+
+	obs stmtObs // what routing the statement under way learned (observe.go)
 }
 
 // Close implements driver.Conn.
@@ -111,7 +113,9 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 		return cn.tx.exec(ctx, query, args)
 	}
 	if cn.c.plain {
-		return cn.primary.exec(ctx, query, args)
+		res, err := cn.primary.exec(ctx, query, args)
+		cn.servedPlain(ctx, false)
+		return res, err
 	}
 	cls := cn.c.classes.get(query)
 	toReplica, err := cn.routeReplica(ctx, &cls)
@@ -140,6 +144,7 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 		res, err = cn.primary.exec(ctx, query, args)
 	}
 	cn.afterPrimary(ctx, &ws, err)
+	cn.servedPrimary(ctx, &cls, ws.idleBefore, toReplica)
 	return res, err
 }
 
@@ -149,7 +154,9 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 		return cn.tx.query(ctx, query, args)
 	}
 	if cn.c.plain {
-		return cn.primary.query(ctx, query, args)
+		rows, err := cn.primary.query(ctx, query, args)
+		cn.servedPlain(ctx, false)
+		return rows, err
 	}
 	cls := cn.c.classes.get(query)
 	toReplica, err := cn.routeReplica(ctx, &cls)
@@ -183,6 +190,7 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 		ws = cn.beforePrimary(ctx, &cls)
 		rows, err = cn.primary.query(ctx, query, args)
 	}
+	cn.servedPrimary(ctx, &cls, ws.idleBefore, toReplica)
 	if err != nil || ws.inj == nil && !ws.commits {
 		cn.afterPrimary(ctx, &ws, err)
 		return rows, err

@@ -52,4 +52,17 @@
 // With session_scope=db (the default) the pool shares one watermark, so
 // db.Exec followed by db.Query is covered even on different connections; with
 // session_scope=conn each connection has its own.
+//
+// # Observability
+//
+// WithServedBy (per context) and Connector.SetServedBy (per pool) report
+// where each statement ran and why: the node, its role, the route, a
+// fallback's reason and the time spent waiting for replicas. NodeStats
+// counts per node (reads, writes, waits and their histogram, fallbacks by
+// reason, stale reads, state, lag); StatsOf, NodeStatsOf and ConnectorOf
+// reach a pool opened with sql.Open. Config.Logger (SetLogger) receives
+// node state changes at Info and Warn and routing decisions at Debug. The
+// separate modules github.com/pgryw/pgryw/otel and
+// github.com/pgryw/pgryw/prometheus export them to OpenTelemetry spans and
+// to Prometheus.
 package pgryw

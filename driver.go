@@ -78,6 +78,7 @@ type Connector struct {
 
 	stats    counters
 	log      atomic.Pointer[slog.Logger]
+	obs      connObs // the pool-wide served-by hook (observe.go)
 	mon      monitor
 	gen      atomic.Pointer[generation] // the primary's, once known
 	genTried atomic.Bool

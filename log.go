@@ -3,6 +3,7 @@ package pgryw
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"log/slog"
 )
@@ -50,6 +51,15 @@ func connectorOf(db *sql.DB) (*Connector, error) {
 	defer conn.Close()
 	var c *Connector
 	err = conn.Raw(func(dc any) error {
+		// Wrappers (otelsql's, for one) hand out their own connections
+		// and reach the driver's through Raw.
+		for range 8 {
+			w, ok := dc.(interface{ Raw() driver.Conn })
+			if !ok {
+				break
+			}
+			dc = w.Raw()
+		}
 		pc, ok := dc.(*Conn)
 		if !ok {
 			return errNotPgryw

@@ -76,6 +76,7 @@ func (c *Connector) runMonitor(ctx context.Context) {
 	for {
 		for i, n := range c.topo.replicas {
 			conns[i] = c.probe(ctx, n, conns[i])
+			c.noteHealth(n)
 		}
 		select {
 		case <-ctx.Done():

@@ -23,6 +23,8 @@ type node struct {
 	notStandby atomic.Bool   // reported not in recovery: promoted, or never a standby
 	lag        atomic.Int64  // lower bound on replay lag, ns (see history)
 	lagAt      atomic.Int64  // when lag was measured, unix ns; 0 = never
+
+	obs nodeObs // counters and last noted state (stats.go)
 }
 
 // nodeBackoff is how long a replica that failed is left alone before the next

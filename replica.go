@@ -75,9 +75,11 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64) (b *
 				return nil, false, ctx.Err()
 			}
 			n.markDown()
+			cn.skip(n, FallbackUnreachable)
 			continue
 		}
 		if n.notStandby.Load() {
+			cn.skip(n, FallbackPromoted)
 			continue
 		}
 		return b, !hopeless && wm > 0 && n.knownReplay() < wm, nil
@@ -89,6 +91,7 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64) (b *
 // (on_timeout=primary), a *ReplicaBehindError (on_timeout=error), or nil to
 // serve the replica's rows anyway (on_timeout=stale).
 func (cn *Conn) behind(n *node, wm lsn.LSN) error {
+	cn.skip(n, FallbackBehind)
 	switch cn.c.cfg.OnTimeout {
 	case OnTimeoutError:
 		cn.c.stats.behindErrors.Add(1)
@@ -198,6 +201,7 @@ const refusedBackoff = time.Minute
 // markRefused leaves n out of reads for refusedBackoff.
 func (n *node) markRefused() {
 	n.downUntil.Store(time.Now().Add(refusedBackoff).UnixNano())
+	n.obs.refusedUntil.Store(n.downUntil.Load())
 }
 
 // pipelinedAttempts bounds how many times a read is sent along with a check
@@ -223,11 +227,13 @@ const pipelinedAttempts = 4
 // updated). A replica whose connection fails is dropped and the next one
 // tried: a read is safe to send again.
 func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, trail bool, run func(*backend) (func(), error)) (onPrimary bool, done func(), err error) {
+	cn.obs = stmtObs{}
 	wm, err := cn.watermark(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, nil, ctx.Err()
 		}
+		cn.skip(nil, FallbackPositionLost)
 		return cn.toPrimary(), nil, nil
 	}
 	var tried uint64
@@ -244,7 +250,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		res, chkErr := waitOK, error(nil)
 		switch {
 		case check:
-			res, chkErr = cn.pipelined(ctx, a, wm)
+			res, chkErr = cn.checkedRead(ctx, a, wm)
 		default:
 			a.read()
 		}
@@ -261,14 +267,17 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			}
 			if isRefusal(chkErr) {
 				b.node.markRefused()
+				cn.skip(b.node, FallbackRefused)
 			} else {
 				b.node.markDown()
+				cn.skip(b.node, FallbackUnreachable)
 			}
 			continue
 		}
 		switch res {
 		case waitNotStandby:
 			a.drop()
+			cn.skip(b.node, FallbackPromoted)
 			continue
 		case waitTimeout, waitBehind:
 			if perr := cn.behind(b.node, wm); perr != nil {
@@ -297,6 +306,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 				b.node.notStandby.Store(true)
 			}
 			cn.c.stats.replicaReads.Add(1)
+			cn.servedReplica(ctx, b.node, cls, query == "")
 			if !trail {
 				return false, nil, nil
 			}
@@ -305,6 +315,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		if ctx.Err() != nil {
 			err := a.err
 			a.finish()
+			cn.servedReplica(ctx, b.node, cls, query == "")
 			return false, nil, err
 		}
 		var pgErr *pgconn.PgError
@@ -321,6 +332,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			// primary can run it.
 			a.drop()
 			b.node.markRefused()
+			cn.skip(b.node, FallbackRefused)
 			return cn.toPrimary(), nil, nil
 		}
 		if isPg && isStaleDescription(pgErr) {
@@ -345,10 +357,12 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 				cn.dropReplica(b)
 				b.node.markDown()
 			}
+			cn.skip(b.node, FallbackUnreachable)
 			continue
 		}
 		err = a.err
 		a.finish()
+		cn.servedReplica(ctx, b.node, cls, query == "")
 		return false, nil, err
 	}
 }
@@ -395,6 +409,7 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResu
 		}
 		if i == 0 {
 			cn.c.stats.waits.Add(1)
+			cn.obs.waited = true
 		}
 		if err := ctxsleep.Sleep(ctx, min(cn.c.pollDelay(b.node, wm, i), left)); err != nil {
 			return waitTimeout, err
@@ -406,5 +421,6 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResu
 func (cn *Conn) toPrimary() bool {
 	cn.c.stats.primaryReads.Add(1)
 	cn.c.stats.fallbacks.Add(1)
+	cn.fellBack()
 	return true
 }

@@ -72,8 +72,11 @@ type tx struct {
 // BeginTx implements driver.ConnBeginTx.
 func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if cn.c.plain {
-		return cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+		t, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+		cn.servedPlain(ctx, true)
+		return t, err
 	}
+	cn.obs = stmtObs{}
 	// A standby refuses SERIALIZABLE ("cannot use serializable mode in a
 	// hot standby"), so a read-only serializable transaction runs on the
 	// primary, where it means what it says.
@@ -110,6 +113,7 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 		cn.primary.wire.Disarm()
 		cn.settleReset(ctx, reset)
 	}
+	cn.servedBegin(ctx, opts.ReadOnly)
 	if err != nil {
 		return nil, err
 	}
@@ -146,6 +150,7 @@ func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue) (
 	}
 	t.ran = true
 	t.note(query, err)
+	t.served(ctx, query)
 	return res, err
 }
 
@@ -158,6 +163,7 @@ func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue) 
 	}
 	t.ran = true
 	t.note(query, err)
+	t.served(ctx, query)
 	return rows, err
 }
 
@@ -173,6 +179,7 @@ func (t *tx) refused(err error) bool {
 // begins the same one on the primary, where the statement runs instead.
 func (t *tx) moveToPrimary() error {
 	t.b.node.markRefused()
+	t.cn.fellBackFrom(t.b.node, FallbackRefused)
 	t.inner.Rollback()
 	cn := t.cn
 	inner, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(t.ctx, t.opts)

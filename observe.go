@@ -1,0 +1,516 @@
+package pgryw
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/pgryw/pgryw/internal/lsn"
+	"github.com/pgryw/pgryw/internal/sqlclass"
+)
+
+// Which node served a statement, and why: the served-by hook, the per-node
+// counters behind NodeStats, and the log lines about routing and node
+// state. The routing code calls in here at the few points where it knows
+// something (a replica passed over, a wait, a fallback, a statement
+// answered); everything here is counting and reporting, never deciding.
+//
+// With no hook and no logger enabled for Debug, a statement costs a few
+// atomic additions here and allocates nothing.
+
+// Role is what a node is in the connector's configuration.
+type Role uint8
+
+// Roles.
+const (
+	RolePrimary Role = iota + 1 // the writer
+	RoleReplica                 // a node listed in replicas
+)
+
+// String returns "primary" or "replica".
+func (r Role) String() string {
+	switch r {
+	case RolePrimary:
+		return "primary"
+	case RoleReplica:
+		return "replica"
+	}
+	return "unknown"
+}
+
+// Route says why a statement ran on the node that ran it.
+type Route uint8
+
+// Routes.
+const (
+	// RouteReplica: a read, on a replica that had replayed the session's
+	// watermark (or, with ServedBy.Stale, that had not: on_timeout=stale).
+	RouteReplica Route = iota + 1
+	// RouteReplicaHint: a read with /* pgryw:replica */ or WithReplica, on
+	// a replica (also on a connection pinned to the primary).
+	RouteReplicaHint
+	// RouteWrite: a statement that may write, or that the classifier
+	// cannot vouch for, on the primary.
+	RouteWrite
+	// RoutePinned: a statement that changes or depends on session state
+	// (SET, PREPARE, LISTEN, temporary tables, advisory locks, ...), or a
+	// read on a connection such a statement pinned to the primary.
+	RoutePinned
+	// RoutePrimaryHint: a read with /* pgryw:primary */ or WithPrimary.
+	RoutePrimaryHint
+	// RouteTransaction: transaction control (an Exec'd BEGIN, COMMIT...),
+	// a statement inside a transaction, or the BEGIN of a database/sql
+	// transaction, on the node that runs the transaction.
+	RouteTransaction
+	// RouteFallback: a read (or a read-only transaction) on the primary
+	// because no replica could serve it; ServedBy.Fallback says why.
+	RouteFallback
+	// RouteNoReplicas: the connector has no replicas; nothing is routed.
+	RouteNoReplicas
+)
+
+var routeNames = [...]string{
+	RouteReplica:     "replica",
+	RouteReplicaHint: "replica hint",
+	RouteWrite:       "write",
+	RoutePinned:      "pinned",
+	RoutePrimaryHint: "primary hint",
+	RouteTransaction: "transaction",
+	RouteFallback:    "fallback",
+	RouteNoReplicas:  "no replicas",
+}
+
+// String names the route: "replica", "replica hint", "write", "pinned",
+// "primary hint", "transaction", "fallback", "no replicas".
+func (r Route) String() string {
+	if int(r) < len(routeNames) && routeNames[r] != "" {
+		return routeNames[r]
+	}
+	return "unknown"
+}
+
+// Fallback says why a read could not be served by a replica.
+type Fallback uint8
+
+// Fallback reasons.
+const (
+	FallbackNone Fallback = iota
+	// FallbackBehind: the replica had not replayed the session's watermark
+	// within wait_timeout, or by its measured lag could not have.
+	FallbackBehind
+	// FallbackUnreachable: connecting to the replica failed, or it failed
+	// the read before any row reached the caller (its connection broke, it
+	// was shutting down, a recovery conflict).
+	FallbackUnreachable
+	// FallbackPromoted: the replica said it is no longer in recovery.
+	FallbackPromoted
+	// FallbackRefused: the replica refused to start the transaction under
+	// the session's defaults (SERIALIZABLE on a standby).
+	FallbackRefused
+	// FallbackNoReplica: every replica was already known to be down,
+	// promoted or refusing when the read started.
+	FallbackNoReplica
+	// FallbackPositionLost: the session's position had been lost and could
+	// not be read again from the primary, so no replica could be checked.
+	FallbackPositionLost
+
+	fallbackCount // the size of FallbackCounts
+)
+
+var fallbackNames = [...]string{
+	FallbackNone:         "",
+	FallbackBehind:       "replica behind",
+	FallbackUnreachable:  "replica unreachable",
+	FallbackPromoted:     "replica promoted",
+	FallbackRefused:      "replica refused",
+	FallbackNoReplica:    "no replica usable",
+	FallbackPositionLost: "position lost",
+}
+
+// String names the reason ("replica behind", "replica unreachable",
+// "replica promoted", "replica refused", "no replica usable", "position
+// lost"), or "" for FallbackNone.
+func (f Fallback) String() string {
+	if int(f) < len(fallbackNames) {
+		return fallbackNames[f]
+	}
+	return "unknown"
+}
+
+// ServedBy describes where one statement ran and why. It never carries the
+// statement's text or arguments.
+type ServedBy struct {
+	Addr  string // the node's host:port, as configured
+	Host  string // the node's host
+	Port  uint16 // the node's port
+	Role  Role
+	Route Route
+	// Fallback says why a read went to the primary (Route is
+	// RouteFallback), or, on a replica, why the replica tried before it
+	// could not serve it.
+	Fallback Fallback
+	// Wait is how long pgryw waited for replicas to replay the session's
+	// watermark before the statement was answered, including the round
+	// trips that carried the checks (the read's own, for a check riding in
+	// front of it). Zero when no replica had to be waited for.
+	Wait time.Duration
+	// Stale: a replica served the read without having replayed the
+	// session's watermark (on_timeout=stale).
+	Stale bool
+	// Begin: the statement was the BEGIN of a database/sql transaction.
+	Begin bool
+}
+
+// ServedByFunc receives a ServedBy once per statement that reached a server
+// (and once per database/sql transaction's BEGIN), on the goroutine that
+// ran it, after its answer arrived (for a query, before its rows are read),
+// with the statement's context. It is not called for a statement pgryw
+// refused itself (ErrReplicaHint) or that ended while waiting for a replica
+// (ErrReplicaBehind, the context's end). It must be quick: the statement
+// waits for it.
+type ServedByFunc func(ctx context.Context, s ServedBy)
+
+type servedByKey struct{}
+
+// servedByUsed: WithServedBy was called in this process. Until then no
+// statement looks for a hook in its context.
+var servedByUsed atomic.Bool
+
+// WithServedBy returns a context whose statements report where they ran to
+// f (see ServedByFunc): for request logs and ORMs that want to say which
+// node answered. It replaces a hook set on ctx before; nil removes it. A
+// hook set with Connector.SetServedBy is called as well.
+func WithServedBy(ctx context.Context, f ServedByFunc) context.Context {
+	servedByUsed.Store(true)
+	return context.WithValue(ctx, servedByKey{}, f)
+}
+
+// servedByFrom returns the hook attached with WithServedBy, or nil.
+func servedByFrom(ctx context.Context) ServedByFunc {
+	if !servedByUsed.Load() {
+		return nil
+	}
+	f, _ := ctx.Value(servedByKey{}).(ServedByFunc)
+	return f
+}
+
+// connObs is the connector's share: the pool-wide hook.
+type connObs struct {
+	hook atomic.Pointer[ServedByFunc]
+}
+
+// SetServedBy sets a hook that every statement of the connector's pool
+// reports to (see ServedByFunc), as well as to a hook in its context; nil
+// removes it. Reach the connector of a sql.Open pool with ConnectorOf.
+func (c *Connector) SetServedBy(f ServedByFunc) {
+	if f == nil {
+		c.obs.hook.Store(nil)
+		return
+	}
+	c.obs.hook.Store(&f)
+}
+
+// stmtObs is what the routing of the statement under way on a Conn learned
+// for its report: why the replicas tried could not serve it, and how long
+// they were waited for. onReplica starts it afresh; the report of the
+// statement clears it.
+type stmtObs struct {
+	reason Fallback      // why the last replica passed over could not serve
+	last   *node         // that replica (nil: none was tried)
+	waited bool          // pipelined polled again after a failed check
+	wait   time.Duration // time spent waiting for replicas
+}
+
+// skip records that replica n (nil: none in particular) cannot serve the
+// read under way, and why.
+func (cn *Conn) skip(n *node, why Fallback) {
+	cn.obs.reason, cn.obs.last = why, n
+	c := cn.c
+	if n != nil {
+		n.obs.misses[why].Add(1)
+		c.noteHealth(n)
+	}
+	if c.debug() {
+		addr := ""
+		if n != nil {
+			addr = n.addr
+		}
+		c.logAt(slog.LevelDebug, "pgryw: replica could not serve the read as asked", slog.String("node", addr), slog.String("reason", why.String()))
+	}
+}
+
+// fellBack counts a read (or a read-only transaction) sent to the primary
+// in place of a replica, by the reason last recorded, and looks at every
+// replica's state: a fallback is when their state changes are news.
+func (cn *Conn) fellBack() {
+	if cn.obs.reason == FallbackNone {
+		cn.obs.reason = FallbackNoReplica
+	}
+	c := cn.c
+	c.topo.primary.obs.fallbacks[cn.obs.reason].Add(1)
+	for _, r := range c.topo.replicas {
+		c.noteHealth(r)
+	}
+}
+
+// fellBackFrom counts a read-only transaction moved from replica n to the
+// primary because n refused it.
+func (cn *Conn) fellBackFrom(n *node, why Fallback) {
+	cn.skip(n, why)
+	cn.fellBack()
+}
+
+// checkedRead is pipelined, timed: a read sent with a catch-up check. A
+// read that had to wait (a WAIT FOR or PolarDB wait, or polling after a
+// failed check) counts as a wait of its node, and its duration goes into
+// the node's histogram and the statement's ServedBy.Wait.
+func (cn *Conn) checkedRead(ctx context.Context, a *attempt, wm lsn.LSN) (waitResult, error) {
+	cn.obs.waited = false
+	start := time.Now()
+	res, err := cn.pipelined(ctx, a, wm)
+	c, n := cn.c, a.b.node
+	if res == waitTimeout && err == nil {
+		n.obs.waitTimeouts.Add(1)
+	}
+	if !cn.obs.waited && c.methodFor(a.b) == WaitPoll {
+		return res, err
+	}
+	d := time.Since(start)
+	cn.obs.wait += d
+	n.obs.waits.Add(1)
+	n.obs.observeWait(d)
+	if c.debug() {
+		c.logAt(slog.LevelDebug, "pgryw: waited for replica", slog.String("node", n.addr),
+			slog.Duration("wait", d), slog.String("outcome", waitOutcome(res, err)))
+	}
+	return res, err
+}
+
+func waitOutcome(res waitResult, err error) string {
+	switch {
+	case err != nil:
+		return "failed"
+	case res == waitOK:
+		return "caught up"
+	case res == waitNotStandby:
+		return "not a standby"
+	}
+	return "timed out"
+}
+
+// servedPlain reports a statement (or a BEGIN) of a connector without
+// replicas.
+func (cn *Conn) servedPlain(ctx context.Context, begin bool) {
+	n := cn.c.topo.primary
+	if begin {
+		n.obs.transactions.Add(1)
+	} else {
+		n.obs.statements.Add(1)
+	}
+	cn.report(ctx, n, RolePrimary, begin, func() Route { return RouteNoReplicas })
+}
+
+// servedReplica reports a read (or a read-only transaction's BEGIN) that
+// replica n answered; cls is the read's classification.
+func (cn *Conn) servedReplica(ctx context.Context, n *node, cls *sqlclass.Result, begin bool) {
+	o := &n.obs
+	if begin {
+		o.transactions.Add(1)
+	} else {
+		o.statements.Add(1)
+		o.reads.Add(1)
+	}
+	if cn.stale(n) {
+		o.staleReads.Add(1)
+	}
+	cn.report(ctx, n, RoleReplica, begin, func() Route {
+		if cls.Hint == sqlclass.HintReplica || wantsReplica(ctx) {
+			return RouteReplicaHint
+		}
+		return RouteReplica
+	})
+}
+
+// stale reports that n serves the read under way although it was found
+// behind the watermark (on_timeout=stale).
+func (cn *Conn) stale(n *node) bool {
+	return cn.obs.reason == FallbackBehind && cn.obs.last == n && cn.c.cfg.OnTimeout == OnTimeoutStale
+}
+
+// servedPrimary reports a statement run on the primary outside a
+// database/sql transaction. idleBefore: no transaction block was open when
+// it was sent; tried: it was routed to a replica first.
+func (cn *Conn) servedPrimary(ctx context.Context, cls *sqlclass.Result, idleBefore, tried bool) {
+	if !tried {
+		cn.obs = stmtObs{} // a read that failed before left its notes
+	}
+	c := cn.c
+	n := c.topo.primary
+	n.obs.statements.Add(1)
+	if c.mayWrite(cls) {
+		n.obs.writes.Add(1)
+	} else {
+		n.obs.reads.Add(1)
+	}
+	cn.report(ctx, n, RolePrimary, false, func() Route {
+		read := c.readOnly(cls)
+		switch {
+		case tried && read:
+			return RouteFallback
+		case tried:
+			return RouteWrite // a replica refused it as a write (25006)
+		case !idleBefore || cls.Tx != sqlclass.TxNone:
+			return RouteTransaction
+		case cls.Pin:
+			return RoutePinned
+		case !read:
+			return RouteWrite
+		case cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx):
+			return RoutePrimaryHint
+		case cn.pins != 0:
+			return RoutePinned
+		}
+		return RouteWrite
+	})
+}
+
+// servedBegin reports the BEGIN of a database/sql transaction on the
+// primary.
+func (cn *Conn) servedBegin(ctx context.Context, readOnly bool) {
+	n := cn.c.topo.primary
+	n.obs.transactions.Add(1)
+	cn.report(ctx, n, RolePrimary, true, func() Route {
+		switch {
+		case cn.obs.reason != FallbackNone:
+			return RouteFallback
+		case readOnly && wantsPrimary(ctx):
+			return RoutePrimaryHint
+		case readOnly && cn.pins != 0:
+			return RoutePinned
+		}
+		return RouteTransaction
+	})
+}
+
+// served reports a statement run inside the transaction, on its node.
+func (t *tx) served(ctx context.Context, query string) {
+	cn := t.cn
+	n, role := t.b.node, RoleReplica
+	o := &n.obs
+	o.statements.Add(1)
+	if !t.onReplica {
+		role = RolePrimary
+		if cls := cn.c.classes.get(query); cn.c.mayWrite(&cls) {
+			o.writes.Add(1)
+		} else {
+			o.reads.Add(1)
+		}
+	} else {
+		o.reads.Add(1)
+	}
+	cn.report(ctx, n, role, false, func() Route { return RouteTransaction })
+}
+
+// report finishes a statement's observation: it notes the serving node's
+// state if it was not known to be up, calls the hooks and writes the Debug
+// line. route is only computed when someone will see it.
+func (cn *Conn) report(ctx context.Context, n *node, role Role, begin bool, route func() Route) {
+	c := cn.c
+	if Health(n.obs.health.Load()) != HealthUp {
+		c.noteHealth(n)
+	}
+	var pool ServedByFunc
+	if p := c.obs.hook.Load(); p != nil {
+		pool = *p
+	}
+	own := servedByFrom(ctx)
+	debug := c.debugCtx(ctx)
+	if pool == nil && own == nil && !debug {
+		cn.obs = stmtObs{}
+		return
+	}
+	s := ServedBy{
+		Addr: n.addr, Host: n.host, Port: n.port, Role: role, Route: route(),
+		Fallback: cn.obs.reason, Wait: cn.obs.wait, Stale: role == RoleReplica && cn.stale(n), Begin: begin,
+	}
+	if s.Route == RouteFallback && s.Fallback == FallbackNone {
+		s.Fallback = FallbackNoReplica
+	}
+	cn.obs = stmtObs{}
+	if pool != nil {
+		pool(ctx, s)
+	}
+	if own != nil {
+		own(ctx, s)
+	}
+	if debug {
+		c.logRoute(ctx, s)
+	}
+}
+
+// logRoute writes a statement's Debug line: where and why, never what.
+func (c *Connector) logRoute(ctx context.Context, s ServedBy) {
+	msg := "pgryw: statement routed"
+	if s.Begin {
+		msg = "pgryw: transaction routed"
+	}
+	attrs := [6]slog.Attr{
+		slog.String("node", s.Addr),
+		slog.String("role", s.Role.String()),
+		slog.String("route", s.Route.String()),
+	}
+	k := 3
+	if s.Fallback != FallbackNone {
+		attrs[k] = slog.String("fallback", s.Fallback.String())
+		k++
+	}
+	if s.Wait > 0 {
+		attrs[k] = slog.Duration("wait", s.Wait)
+		k++
+	}
+	if s.Stale {
+		attrs[k] = slog.Bool("stale", true)
+		k++
+	}
+	if l := c.logger(); l != nil {
+		l.LogAttrs(ctx, slog.LevelDebug, msg, attrs[:k]...)
+	}
+}
+
+// debug reports whether the connector logs at Debug, so that callers build
+// a line's attributes only when it will be written.
+func (c *Connector) debug() bool { return c.debugCtx(context.Background()) }
+
+func (c *Connector) debugCtx(ctx context.Context) bool {
+	l := c.logger()
+	return l != nil && l.Enabled(ctx, slog.LevelDebug)
+}
+
+// noteHealth looks at n's state and, when it changed since it was last
+// looked at, logs the change: down, refusing and not a standby at Warn, up
+// at Info.
+func (c *Connector) noteHealth(n *node) {
+	h := n.health(time.Now().UnixNano())
+	old := Health(n.obs.health.Swap(uint32(h)))
+	if old == h {
+		return
+	}
+	role := RoleReplica
+	if n.index < 0 {
+		role = RolePrimary
+	}
+	node, r := slog.String("node", n.addr), slog.String("role", role.String())
+	switch h {
+	case HealthUp:
+		c.logAt(slog.LevelInfo, "pgryw: node up", node, r)
+	case HealthDown:
+		c.logAt(slog.LevelWarn, "pgryw: node down", node, r,
+			slog.Duration("retry_in", time.Duration(n.downUntil.Load()-time.Now().UnixNano()).Round(time.Millisecond)))
+	case HealthRefused:
+		c.logAt(slog.LevelWarn, "pgryw: node refuses the session's transactions (a SERIALIZABLE default on a standby?)", node, r,
+			slog.Duration("retry_in", time.Duration(n.downUntil.Load()-time.Now().UnixNano()).Round(time.Second)))
+	case HealthNotStandby:
+		c.logAt(slog.LevelWarn, "pgryw: node is not a standby (promoted?); reads leave it alone", node, r)
+	}
+}

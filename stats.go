@@ -1,0 +1,238 @@
+package pgryw
+
+import (
+	"database/sql"
+	"sync/atomic"
+	"time"
+)
+
+// NodeStats is what one node (the primary or a replica) did for the
+// connector's connections since the connector was created, and what is
+// known of it now. Counters only grow.
+type NodeStats struct {
+	Addr string // host:port, as configured
+	Host string
+	Port uint16
+	Role Role
+	// Health is the node's state as pgryw sees it now.
+	Health Health
+
+	// Statements the node ran for the application: every statement,
+	// including those inside transactions; not BEGIN, COMMIT or ROLLBACK
+	// of database/sql transactions (see Transactions).
+	Statements int64
+	// Reads and Writes split Statements when the connector routes (it has
+	// replicas): Writes may have written (or call a function not known to
+	// be read-only), Reads did not (reads, and session or transaction
+	// control). Without replicas nothing is classified and both stay 0.
+	Reads, Writes int64
+	// Transactions begun on the node through database/sql (BeginTx).
+	Transactions int64
+	// StaleReads: reads the replica served without having replayed the
+	// session's watermark (on_timeout=stale).
+	StaleReads int64
+
+	// Waits: reads that waited for this replica to replay the session's
+	// watermark (a WAIT FOR LSN or PolarDB wait, or polling after a failed
+	// check), as Stats.Waits counts them; WaitTime holds their durations.
+	Waits        int64
+	WaitTimeouts int64 // waits whose budget ran out
+	WaitTime     WaitHistogram
+
+	// Fallbacks, on the primary: reads (and read-only transactions) it
+	// served in place of a replica, by reason. Their total is
+	// Stats.Fallbacks.
+	Fallbacks FallbackCounts
+	// Misses, on a replica: reads it did not serve as asked, by reason (it
+	// was behind beyond the budget, whatever on_timeout then did; it could
+	// not be reached or failed the read; it had been promoted; it refused
+	// the transaction). Each went to another replica, to the primary, or
+	// (on_timeout=error) failed.
+	Misses FallbackCounts
+
+	// Position is the node's last known WAL position in bytes (as
+	// pg_wal_lsn_diff counts them): the primary's insert position last
+	// read, a replica's replay position last seen. 0 when unknown.
+	Position uint64
+	// Lag is a replica's replay lag as last measured (a lower bound, from
+	// this process's clock: how long the primary had been past the
+	// position the replica reported), and LagAt when; LagAt is zero before
+	// the first measurement.
+	Lag   time.Duration
+	LagAt time.Time
+}
+
+// Health is a node's state as pgryw sees it.
+type Health uint8
+
+// Node states.
+const (
+	HealthUnknown    Health = iota // not contacted yet
+	HealthUp                       // answering
+	HealthDown                     // a connect or a statement failed; left alone until a retry
+	HealthRefused                  // refused the session's transactions (a SERIALIZABLE default on a standby); left alone for a minute
+	HealthNotStandby               // a replica that says it is not in recovery (promoted); reads leave it alone
+)
+
+var healthNames = [...]string{
+	HealthUnknown:    "unknown",
+	HealthUp:         "up",
+	HealthDown:       "down",
+	HealthRefused:    "refused",
+	HealthNotStandby: "not a standby",
+}
+
+// String names the state: "unknown", "up", "down", "refused", "not a
+// standby".
+func (h Health) String() string {
+	if int(h) < len(healthNames) {
+		return healthNames[h]
+	}
+	return "unknown"
+}
+
+// FallbackCounts counts reads by Fallback reason: counts[FallbackBehind] and
+// so on (index FallbackNone stays 0).
+type FallbackCounts [fallbackCount]int64
+
+// Total returns the sum over all reasons.
+func (f FallbackCounts) Total() int64 {
+	var t int64
+	for _, n := range f {
+		t += n
+	}
+	return t
+}
+
+// WaitHistogram is a histogram of wait durations with fixed buckets:
+// Counts[i] waits took at most Bounds[i] (and more than Bounds[i-1]);
+// the last count, one longer than Bounds, holds the waits longer than
+// every bound.
+type WaitHistogram struct {
+	Bounds []time.Duration
+	Counts []int64
+	Count  int64         // all waits
+	Sum    time.Duration // their total duration
+}
+
+// waitBounds are the histogram's upper bounds: from a wait that a healthy
+// replica ends within a round trip to the longest budgets.
+var waitBounds = [...]time.Duration{
+	250 * time.Microsecond, 500 * time.Microsecond,
+	time.Millisecond, 2500 * time.Microsecond, 5 * time.Millisecond,
+	10 * time.Millisecond, 25 * time.Millisecond, 50 * time.Millisecond,
+	100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond,
+	time.Second, 2500 * time.Millisecond, 5 * time.Second, 10 * time.Second,
+}
+
+// nodeObs holds a node's counters. Recording is a few atomic additions and
+// allocates nothing.
+type nodeObs struct {
+	statements, reads, writes, transactions, staleReads atomic.Int64
+	waits, waitTimeouts                                 atomic.Int64
+	waitCounts                                          [len(waitBounds) + 1]atomic.Int64
+	waitSum                                             atomic.Int64 // ns
+	fallbacks, misses                                   [fallbackCount]atomic.Int64
+	health                                              atomic.Uint32 // Health last noted (noteHealth)
+	refusedUntil                                        atomic.Int64  // the downUntil markRefused set
+}
+
+// observeWait adds a wait of d to the histogram.
+func (o *nodeObs) observeWait(d time.Duration) {
+	i := 0
+	for i < len(waitBounds) && d > waitBounds[i] {
+		i++
+	}
+	o.waitCounts[i].Add(1)
+	o.waitSum.Add(int64(d))
+}
+
+// health returns n's state at now (unix ns), from what the routing code and
+// the monitor recorded on it.
+func (n *node) health(now int64) Health {
+	if n.index >= 0 && n.notStandby.Load() {
+		return HealthNotStandby
+	}
+	switch until := n.downUntil.Load(); {
+	case until <= now:
+		return HealthUp
+	case until == n.obs.refusedUntil.Load():
+		return HealthRefused // the backoff is the refusal's, not a later failure's
+	}
+	return HealthDown
+}
+
+// NodeStats returns the counters and state of every node: the primary
+// first, then the replicas in configuration order.
+func (c *Connector) NodeStats() []NodeStats {
+	out := make([]NodeStats, 0, 1+len(c.topo.replicas))
+	out = append(out, c.nodeStats(c.topo.primary, RolePrimary))
+	for _, r := range c.topo.replicas {
+		out = append(out, c.nodeStats(r, RoleReplica))
+	}
+	return out
+}
+
+func (c *Connector) nodeStats(n *node, role Role) NodeStats {
+	o := &n.obs
+	h := n.health(time.Now().UnixNano())
+	if h == HealthUp && Health(o.health.Load()) == HealthUnknown {
+		h = HealthUnknown // never contacted: nothing says it is up
+	}
+	s := NodeStats{
+		Addr: n.addr, Host: n.host, Port: n.port, Role: role, Health: h,
+		Statements: o.statements.Load(), Reads: o.reads.Load(), Writes: o.writes.Load(),
+		Transactions: o.transactions.Load(), StaleReads: o.staleReads.Load(),
+		Waits: o.waits.Load(), WaitTimeouts: o.waitTimeouts.Load(),
+		WaitTime: WaitHistogram{
+			Bounds: append([]time.Duration(nil), waitBounds[:]...),
+			Counts: make([]int64, len(o.waitCounts)),
+			Sum:    time.Duration(o.waitSum.Load()),
+		},
+	}
+	for i := range o.waitCounts {
+		s.WaitTime.Counts[i] = o.waitCounts[i].Load()
+		s.WaitTime.Count += s.WaitTime.Counts[i]
+	}
+	for i := range o.fallbacks {
+		s.Fallbacks[i] = o.fallbacks[i].Load()
+		s.Misses[i] = o.misses[i].Load()
+	}
+	if role == RolePrimary {
+		s.Position = uint64(c.topo.hist.latest())
+	} else {
+		s.Position = uint64(n.knownReplay())
+		if at := n.lagAt.Load(); at != 0 {
+			s.Lag, s.LagAt = time.Duration(n.lag.Load()), time.Unix(0, at)
+		}
+	}
+	return s
+}
+
+// ConnectorOf returns the Connector behind a pool opened with
+// sql.Open("pgryw", dsn) (or sql.OpenDB), for its Stats, NodeStats,
+// SetLogger and SetServedBy. It takes a connection from the pool (opening
+// one if none is idle) to reach it, and sees through wrappers whose
+// connections have a Raw() driver.Conn method (such as otelsql). It fails
+// for a pool of another driver. Keep the result: it does not change.
+func ConnectorOf(db *sql.DB) (*Connector, error) { return connectorOf(db) }
+
+// StatsOf returns the connector-wide counters of a pool opened with
+// sql.Open("pgryw", dsn) (see ConnectorOf).
+func StatsOf(db *sql.DB) (Stats, error) {
+	c, err := connectorOf(db)
+	if err != nil {
+		return Stats{}, err
+	}
+	return c.Stats(), nil
+}
+
+// NodeStatsOf returns the per-node counters of a pool opened with
+// sql.Open("pgryw", dsn) (see ConnectorOf).
+func NodeStatsOf(db *sql.DB) ([]NodeStats, error) {
+	c, err := connectorOf(db)
+	if err != nil {
+		return nil, err
+	}
+	return c.NodeStats(), nil
+}
