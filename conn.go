@@ -223,6 +223,9 @@ func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, e
 	if refused {
 		return false, fmt.Errorf("%w (%s)", ErrReplicaHint, cls.Reason)
 	}
+	if !toReplica && cn.c.readOnly(cls) && cls.Tx == sqlclass.TxNone {
+		cn.c.stats.primaryReads.Add(1) // pinned, hinted, or in a block
+	}
 	return toReplica, nil
 }
 
