@@ -28,10 +28,15 @@ type Conn struct {
 	blockWrote bool
 
 	tx *tx // the open database/sql transaction, if any
+
+	// fallbackHeld: this connection holds a max_fallback slot for the read
+	// (or read-only transaction) it is running on the primary.
+	fallbackHeld bool
 }
 
 // Close implements driver.Conn.
 func (cn *Conn) Close() error {
+	cn.releaseFallback()
 	err := cn.primary.close()
 	for i, b := range cn.replicas {
 		if b != nil {
@@ -130,6 +135,7 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 		res, err = cn.primary.exec(ctx, query, args)
 	}
 	cn.afterPrimary(ctx, &ws, err)
+	cn.releaseFallback()
 	return res, err
 }
 
@@ -173,14 +179,16 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 		ws = cn.beforePrimary(ctx, &cls)
 		rows, err = cn.primary.query(ctx, query, args)
 	}
-	if err != nil || ws.inj == nil && !ws.commits {
+	if err != nil || ws.inj == nil && !ws.commits && !cn.fallbackHeld {
 		cn.afterPrimary(ctx, &ws, err)
+		cn.releaseFallback()
 		return rows, err
 	}
 	// The statement's outcome (an autocommit INSERT … RETURNING commits
 	// only when its result is complete) and the answer to the capture
-	// riding behind it are known once the rows are closed.
-	return &afterRows{Rows: rows, done: func(err error) { cn.afterPrimary(ctx, &ws, err) }}, nil
+	// riding behind it are known once the rows are closed; a fallback read
+	// keeps its max_fallback slot until then.
+	return &afterRows{Rows: rows, done: func(err error) { cn.afterPrimary(ctx, &ws, err); cn.releaseFallback() }}, nil
 }
 
 // staleRead reports that a read run on the primary outside a transaction

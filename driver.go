@@ -77,6 +77,7 @@ type Connector struct {
 	noCatalog             bool // unit tests: no primary to ask
 
 	stats    counters
+	over     overload // max_fallback and max_waits (max_replica_lag is topo.lag)
 	log      atomic.Pointer[slog.Logger]
 	mon      monitor
 	gen      atomic.Pointer[generation] // the primary's, once known
@@ -131,6 +132,7 @@ func newConnector(cfg *Config) (*Connector, error) {
 	c.primary = stdlib.GetConnector(*wc)
 	c.dial = c.dialServer
 	c.log.Store(cfg.Logger)
+	c.initOverload()
 	return c, nil
 }
 
@@ -324,6 +326,14 @@ type Stats struct {
 	CaptureFailures int64 // commits whose position could not be read (the next read re-captures)
 	TokensClamped   int64 // Session positions beyond anything the primary had written, lowered to its position
 	TokensRebased   int64 // Session positions from another primary generation, moved to the current one
+
+	// Overload bounds (README, "Overload").
+	FallbackPeak     int64 // the most reads on the primary at once for lack of a fresh replica (what max_fallback bounds)
+	FallbackWaits    int64 // such reads that found max_fallback reached and waited (on_max_fallback=wait)
+	FallbacksRefused int64 // such reads that got no place on the primary: failed, or served stale, per on_max_fallback
+	WaitPeak         int64 // the most reads waiting at once on one replica (what max_waits bounds)
+	WaitsRefused     int64 // reads that found max_waits reads already waiting on a replica and did not wait there
+	LagSkips         int64 // times a replica was passed over because it was not known to be within max_replica_lag
 }
 
 type counters struct {
@@ -331,6 +341,7 @@ type counters struct {
 	waits, waitTimeouts, captures, captureFailures                  atomic.Int64
 	waitFors                                                        atomic.Int64 // checks sent as WAIT FOR LSN
 	tokensClamped, tokensRebased                                    atomic.Int64
+	fallbackWaits, fallbacksRefused, waitsRefused                   atomic.Int64
 }
 
 // Stats returns the connector's counters.
@@ -341,6 +352,9 @@ func (c *Connector) Stats() Stats {
 		StaleReads: s.staleReads.Load(), BehindErrors: s.behindErrors.Load(), Waits: s.waits.Load(),
 		WaitTimeouts: s.waitTimeouts.Load(), Captures: s.captures.Load(), CaptureFailures: s.captureFailures.Load(),
 		TokensClamped: s.tokensClamped.Load(), TokensRebased: s.tokensRebased.Load(),
+		FallbackPeak: c.over.fallback.peak.Load(), FallbackWaits: s.fallbackWaits.Load(),
+		FallbacksRefused: s.fallbacksRefused.Load(), WaitPeak: c.over.waitPeak.Load(),
+		WaitsRefused: s.waitsRefused.Load(), LagSkips: c.topo.lag.skips.Load(),
 	}
 }
 

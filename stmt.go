@@ -105,6 +105,7 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 	}
 	inner, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 	if err != nil {
+		cn.releaseFallback()
 		return nil, err
 	}
 	cn.primary.txOpen = true
@@ -191,6 +192,7 @@ func (t *tx) Rollback() error {
 func (t *tx) end(f func() error, commit bool) error {
 	cn := t.cn
 	cn.tx = nil
+	defer cn.releaseFallback() // a read-only transaction that fell back to the primary
 	t.b.txOpen = false
 	if !cn.c.cfg.ReadYourWrites {
 		return f()

@@ -47,6 +47,7 @@ const (
 	waitTimeout                      // budget ran out
 	waitNotStandby                   // the node is not (or no longer) in recovery
 	waitBehind                       // a one-off check found it behind (polling may still catch up)
+	waitBusy                         // max_waits reads already wait on the replica, and a check that did not wait found it behind
 )
 
 // capture reads the primary's WAL insert position with a round trip of its
