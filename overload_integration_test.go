@@ -164,7 +164,7 @@ func TestIntegrationMaxFallback(t *testing.T) {
 		name, extra string
 		check       func(t *testing.T, r *overloadRun)
 	}{
-		{"wait", "max_fallback=4&wait_timeout=1s", func(t *testing.T, r *overloadRun) {
+		{"wait", "max_fallback=4&wait_timeout=2s", func(t *testing.T, r *overloadRun) {
 			// Everything on the primary, each read waiting its turn.
 			if r.onPrimary.Load() != r.reads.Load() || r.stats.FallbackWaits == 0 || r.stats.FallbacksRefused != 0 {
 				t.Fatal("on_max_fallback=wait: want every read on the primary, some after waiting")

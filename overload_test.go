@@ -421,3 +421,50 @@ func TestUnreachableIgnoresMaxFallback(t *testing.T) {
 	}
 	mc.verify(t)
 }
+
+// BenchmarkPickMaxReplicaLag runs replica choice with and without
+// max_replica_lag on the same replicas, alternating batches in one loop,
+// and reports the bound's cost as a ratio. Neither allocates.
+func BenchmarkPickMaxReplicaLag(b *testing.B) {
+	mk := func(bound ReplicaLag) *topology {
+		t := &topology{}
+		t.lag.init(bound)
+		now := time.Now().UnixNano()
+		for i := 0; i < 3; i++ {
+			n := &node{index: i}
+			n.replay.Store(uint64(0x3000000 + i*16))
+			t.replicas = append(t.replicas, n)
+		}
+		for i := int64(0); i < sampleRing; i++ {
+			t.lag.samples.add(lsn.LSN(0x2000000+i*0x1000), now-(sampleRing-i)*int64(sampleInterval))
+		}
+		t.lag.samples.add(0x3000000, now)
+		return t
+	}
+	plain, bounded := mk(ReplicaLag{}), mk(ReplicaLag{Duration: time.Hour})
+	const batch = 64
+	run := func(t *topology) time.Duration {
+		start := time.Now()
+		for k := 0; k < batch; k++ {
+			if n, hopeless := t.pick(0x3000010, 0, time.Second); n == nil || hopeless {
+				b.Fatal("no replica")
+			}
+		}
+		return time.Since(start)
+	}
+	var tPlain, tBounded time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%2 == 0 {
+			tPlain += run(plain)
+			tBounded += run(bounded)
+		} else {
+			tBounded += run(bounded)
+			tPlain += run(plain)
+		}
+	}
+	b.ReportMetric(float64(tPlain.Nanoseconds())/float64(b.N*batch), "plain-ns/pick")
+	b.ReportMetric(float64(tBounded.Nanoseconds())/float64(b.N*batch), "bounded-ns/pick")
+	b.ReportMetric(float64(tBounded)/float64(tPlain), "bounded/plain")
+}
