@@ -332,7 +332,7 @@ type Stats struct {
 	FallbackWaits    int64 // such reads that found max_fallback reached and waited (on_max_fallback=wait)
 	FallbacksRefused int64 // such reads that got no place on the primary: failed, or served stale, per on_max_fallback
 	WaitPeak         int64 // the most reads waiting at once on one replica (what max_waits bounds)
-	WaitsRefused     int64 // reads that found max_waits reads already waiting on a replica and did not wait there
+	WaitsRefused     int64 // times a read found max_waits reads already waiting on a replica and did not wait there
 	LagSkips         int64 // times a replica was passed over because it was not known to be within max_replica_lag
 }
 

@@ -208,6 +208,83 @@ func TestIntegrationMaxFallback(t *testing.T) {
 	})
 }
 
+// max_waits: replicas 300ms behind and a 2s budget, so every read after a
+// write waits on a replica; with max_waits=2, at most two reads wait on
+// each at once (pgryw's count, and on PostgreSQL 19 the WAIT FOR
+// statements the replicas show active), the others are not parked there,
+// and every read still sees its own write. The control, without the bound,
+// parks more.
+func TestIntegrationMaxWaits(t *testing.T) {
+	setDelay(t, 300*time.Millisecond)
+	for _, tc := range []struct {
+		name, extra string
+		bound       int64
+	}{{"bounded", "max_waits=2", 2}, {"control", "max_waits=0", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			table := newTable(t)
+			db, c := openDB(t, "wait_timeout=2s&max_fallback=0&"+tc.extra)
+			db.SetMaxOpenConns(16)
+			stop := waitForPeaks(t)
+			w := insertThenRead(t, db, table, 16, 4)
+			active := stop()
+			st := c.Stats()
+			w.fresh(t, c)
+			if tc.bound == 0 {
+				if st.WaitPeak <= 2 {
+					t.Fatalf("without max_waits at most %d reads waited on one replica at once: the test cannot tell", st.WaitPeak)
+				}
+				return
+			}
+			if st.WaitPeak > tc.bound || active[0] > tc.bound || active[1] > tc.bound {
+				t.Fatalf("max_waits=%d breached: pgryw counted %d waiting on one replica, the replicas showed %v",
+					tc.bound, st.WaitPeak, active)
+			}
+			if st.WaitPeak != tc.bound || st.WaitsRefused == 0 || st.Fallbacks == 0 {
+				t.Fatalf("the bound was never reached: stats %+v", st)
+			}
+		})
+	}
+}
+
+// waitForPeaks samples each replica's pg_stat_activity for active WAIT FOR
+// LSN statements (PostgreSQL 19 waits there; polling leaves nothing
+// running) until stop is called, and returns the most seen at once on
+// each, counted as activityPeak counts.
+func waitForPeaks(t *testing.T) (stop func() []int64) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	peaks := make([]int64, len(cluster.Replicas))
+	var wg sync.WaitGroup
+	for i := range peaks {
+		conn, err := pgx.Connect(ctx, cluster.ReplicaDSN(i))
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer conn.Close(context.Background())
+			for ctx.Err() == nil {
+				var n int64
+				if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE pid <> pg_backend_pid() AND state = 'active'
+					AND query LIKE 'WAIT FOR LSN%' AND query_start <= statement_timestamp()`).Scan(&n); err != nil {
+					return
+				}
+				peaks[i] = max(peaks[i], n)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	return func() []int64 {
+		cancel()
+		wg.Wait()
+		t.Logf("WAIT FOR LSN active at once on the replicas: %v", peaks)
+		return peaks
+	}
+}
+
 // max_replica_lag: a replica whose replay is paused gets no reads that
 // carry no watermark once it is known to be further behind than the bound,
 // with read_your_writes on or off; the other, caught-up replica serves

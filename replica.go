@@ -364,18 +364,20 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 //
 // A read waits on the replica only with one of max_waits' places: taken
 // before a server-side wait is sent, or before polling starts. Without one
-// it gets a check that does not wait (polling's first, or a server-side
-// wait of 1ms), and waitBusy if that finds the replica behind.
+// it gets a check that does not wait (a replay position poll riding in
+// front of it, whatever the server), and waitBusy if that finds the
+// replica behind.
 func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResult, error) {
 	b := a.b
 	budget := cn.c.budget(ctx)
-	serverWaits := cn.c.methodFor(b) != WaitPoll
+	method := cn.c.methodFor(b)
+	serverWaits := method != WaitPoll
 	held, over := false, false
 	if serverWaits {
 		held = cn.c.enterWait(b.node)
 		over = !held
 		if over {
-			budget = 0
+			method, serverWaits = WaitPoll, false
 		}
 	}
 	defer func() {
@@ -386,15 +388,12 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResu
 	deadline := time.Now().Add(budget)
 	for i := 0; ; i++ {
 		if i < pipelinedAttempts || serverWaits {
-			inj := cn.c.armCheck(b, wm, max(time.Until(deadline), time.Millisecond))
+			inj := cn.c.armCheck(b, method, wm, max(time.Until(deadline), time.Millisecond))
 			notices := b.wire.Notices()
 			a.read()
-			res, err := cn.c.checked(b, inj, wm)
-			if err == nil && res == waitOK && cn.c.methodFor(b) == WaitPolar {
+			res, err := cn.c.checked(b, method, inj, wm)
+			if err == nil && res == waitOK && method == WaitPolar {
 				res = cn.c.polarOutcome(b, a, wm, notices)
-			}
-			if over && err == nil && res == waitTimeout {
-				return waitBusy, nil
 			}
 			if err != nil || res != waitBehind {
 				return res, err
