@@ -34,11 +34,16 @@ type Conn struct {
 	tx *tx // the open database/sql transaction, if any
 
 	obs stmtObs // what routing the statement under way learned (observe.go)
+
+	// fallbackHeld: this connection holds a max_fallback slot for the read
+	// (or read-only transaction) it is running on the primary.
+	fallbackHeld bool
 }
 
 // Close implements driver.Conn.
 func (cn *Conn) Close() error {
 	cn.setPins(0, "connection closed")
+	cn.releaseFallback()
 	err := cn.primary.close()
 	for i, b := range cn.replicas {
 		if b != nil {
@@ -145,6 +150,7 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 	}
 	cn.afterPrimary(ctx, &ws, err)
 	cn.servedPrimary(ctx, &cls, ws.idleBefore, toReplica)
+	cn.releaseFallback()
 	return res, err
 }
 
@@ -191,14 +197,16 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 		rows, err = cn.primary.query(ctx, query, args)
 	}
 	cn.servedPrimary(ctx, &cls, ws.idleBefore, toReplica)
-	if err != nil || ws.inj == nil && !ws.commits {
+	if err != nil || ws.inj == nil && !ws.commits && !cn.fallbackHeld {
 		cn.afterPrimary(ctx, &ws, err)
+		cn.releaseFallback()
 		return rows, err
 	}
 	// The statement's outcome (an autocommit INSERT … RETURNING commits
 	// only when its result is complete) and the answer to the capture
-	// riding behind it are known once the rows are closed.
-	return &afterRows{Rows: rows, done: func(err error) { cn.afterPrimary(ctx, &ws, err) }}, nil
+	// riding behind it are known once the rows are closed; a fallback read
+	// keeps its max_fallback slot until then.
+	return &afterRows{Rows: rows, done: func(err error) { cn.afterPrimary(ctx, &ws, err); cn.releaseFallback() }}, nil
 }
 
 // staleRead reports that a read run on the primary outside a transaction

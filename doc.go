@@ -8,9 +8,10 @@
 //	db, err := sql.Open("pgryw", "postgres://app@primary/app?replicas=replica1,replica2:5433")
 //
 // The DSN is a pgx connection string for the primary plus pgryw's keys
-// (replicas, read_your_writes, wait_timeout, on_timeout, wait_method,
-// session_scope, read_functions, write_functions), which are removed before
-// pgx sees the rest. ParseDSN and NewConnector build the same from code.
+// (replicas, read_your_writes, wait_timeout, on_timeout, max_fallback,
+// on_max_fallback, max_waits, max_replica_lag, wait_method, session_scope,
+// read_functions, write_functions), which are removed before pgx sees the
+// rest. ParseDSN and NewConnector build the same from code.
 //
 // # Routing
 //
@@ -35,6 +36,11 @@
 // shared by all connections of a pool: a replica known to be caught up is
 // read without a check, and one known to be too far behind for the budget is
 // not waited on.
+//
+// When replicas lag, max_fallback bounds the reads that fall back to the
+// primary at once (on_max_fallback decides for the rest), max_waits the
+// reads waiting on one replica, and max_replica_lag passes over replicas
+// not known to be within a bound of the primary, for every read.
 //
 // None of this costs a round trip of its own: the position query rides in
 // the same network flush as the write (after its Sync, so after the commit),

@@ -77,6 +77,7 @@ type Connector struct {
 	noCatalog             bool // unit tests: no primary to ask
 
 	stats    counters
+	over     overload // max_fallback and max_waits (max_replica_lag is topo.lag)
 	log      atomic.Pointer[slog.Logger]
 	obs      connObs // the pool-wide served-by hook (observe.go)
 	mon      monitor
@@ -132,6 +133,7 @@ func newConnector(cfg *Config) (*Connector, error) {
 	c.primary = stdlib.GetConnector(*wc)
 	c.dial = c.dialServer
 	c.log.Store(cfg.Logger)
+	c.initOverload()
 	return c, nil
 }
 
@@ -335,6 +337,14 @@ type Stats struct {
 	// name", "LOAD or setseed", "state not read back yet"); a connection
 	// may count under several. Reasons with no connection are left out.
 	PinnedBy map[string]int64
+
+	// Overload bounds (README, "Overload").
+	FallbackPeak     int64 // the most reads on the primary at once for lack of a fresh replica (what max_fallback bounds)
+	FallbackWaits    int64 // such reads that found max_fallback reached and waited (on_max_fallback=wait)
+	FallbacksRefused int64 // such reads that got no place on the primary: failed, or served stale, per on_max_fallback
+	WaitPeak         int64 // the most reads waiting at once on one replica (what max_waits bounds)
+	WaitsRefused     int64 // times a read found max_waits reads already waiting on a replica and did not wait there
+	LagSkips         int64 // times a replica was passed over because it was not known to be within max_replica_lag
 }
 
 type counters struct {
@@ -344,6 +354,7 @@ type counters struct {
 	tokensClamped, tokensRebased                                    atomic.Int64
 	pinned                                                          atomic.Int64
 	pinnedBy                                                        [numPinReasons]atomic.Int64
+	fallbackWaits, fallbacksRefused, waitsRefused                   atomic.Int64
 }
 
 // Stats returns the connector's counters.
@@ -355,6 +366,9 @@ func (c *Connector) Stats() Stats {
 		WaitTimeouts: s.waitTimeouts.Load(), Captures: s.captures.Load(), CaptureFailures: s.captureFailures.Load(),
 		TokensClamped: s.tokensClamped.Load(), TokensRebased: s.tokensRebased.Load(),
 		Pinned: s.pinned.Load(), PinnedBy: map[string]int64{},
+		FallbackPeak: c.over.fallback.peak.Load(), FallbackWaits: s.fallbackWaits.Load(),
+		FallbacksRefused: s.fallbacksRefused.Load(), WaitPeak: c.over.waitPeak.Load(),
+		WaitsRefused: s.waitsRefused.Load(), LagSkips: c.topo.lag.skips.Load(),
 	}
 	for i := range s.pinnedBy {
 		if n := s.pinnedBy[i].Load(); n != 0 {

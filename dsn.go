@@ -74,6 +74,58 @@ var scopeNames = []string{"db", "conn"}
 // String returns the DSN spelling.
 func (s Scope) String() string { return enumName(scopeNames, int(s)) }
 
+// OnMaxFallback says what a read does when it would go to the primary for
+// lack of a fresh replica (on_timeout=primary) but max_fallback such reads
+// are already running there.
+type OnMaxFallback uint8
+
+const (
+	// FallbackWait waits for one of them to finish, at most the read's
+	// budget (wait_timeout, or less if the caller's deadline is sooner), and
+	// then fails the read with a *ReplicaBehindError whose Limit names
+	// max_fallback. The default.
+	FallbackWait OnMaxFallback = iota
+	// FallbackError fails the read at once, with the same error.
+	FallbackError
+	// FallbackStale serves the replica's possibly stale rows and counts them
+	// in Stats.StaleReads. This gives up read-your-writes for that read.
+	FallbackStale
+)
+
+var onMaxFallbackNames = []string{"wait", "error", "stale"}
+
+// String returns the DSN spelling.
+func (o OnMaxFallback) String() string { return enumName(onMaxFallbackNames, int(o)) }
+
+// ReplicaLag bounds how far behind the primary a replica may be and still
+// serve a read (DSN key max_replica_lag): a distance in WAL bytes or a time,
+// at most one of the two. The zero value is no bound.
+type ReplicaLag struct {
+	// Bytes: the replica's last known replay position may trail the
+	// primary's latest sampled WAL position by at most this many bytes.
+	Bytes uint64
+	// Duration: the replica must be known to have replayed everything the
+	// primary had written this long ago.
+	Duration time.Duration
+}
+
+// IsZero reports whether l is no bound.
+func (l ReplicaLag) IsZero() bool { return l.Bytes == 0 && l.Duration == 0 }
+
+// String returns the DSN spelling: off, a size such as 16MB, or a duration
+// such as 2s.
+func (l ReplicaLag) String() string {
+	switch {
+	case l.Bytes != 0 && l.Duration != 0:
+		return "invalid(" + formatBytes(l.Bytes) + "," + shortDuration(l.Duration) + ")"
+	case l.Bytes != 0:
+		return formatBytes(l.Bytes)
+	case l.Duration != 0:
+		return shortDuration(l.Duration)
+	}
+	return "off"
+}
+
 func enumName(names []string, i int) string {
 	if i >= 0 && i < len(names) {
 		return names[i]
@@ -106,6 +158,39 @@ type Config struct {
 	// DSN key on_timeout: primary, error or stale; default primary
 	// (OnTimeoutPrimary).
 	OnTimeout OnTimeout
+	// MaxFallback bounds the reads running on the primary at once because
+	// no replica was fresh enough for them under on_timeout=primary: behind
+	// the watermark after the budget, known to be too far behind for it,
+	// not known to be within MaxReplicaLag, or at MaxWaits (a read-only
+	// transaction that falls back counts until it ends). Reads on the
+	// primary for any other reason (writes, read-write transactions, pinned
+	// connections, hints, no replica reachable) are not counted. Over the
+	// bound, OnMaxFallback decides. 0 means no bound. The bound is per
+	// connector: P processes send at most P×MaxFallback such reads.
+	// DSN key max_fallback, 0 to 10000; default 8 (DefaultMaxFallback).
+	MaxFallback int
+	// OnMaxFallback is what a read over MaxFallback does.
+	// DSN key on_max_fallback: wait, error or stale; default wait
+	// (FallbackWait).
+	OnMaxFallback OnMaxFallback
+	// MaxWaits bounds, per replica, the reads waiting at once for that
+	// replica to replay their watermark: a WAIT FOR LSN sent with the
+	// budget as its timeout, or polling after a check found the replica
+	// behind. Each holds a connection to the replica (and one of the
+	// pool's) meanwhile. A read over the bound gets one check that does
+	// not wait; if the replica is not there yet it is treated as behind:
+	// the next replica is tried, and when none is left on_timeout decides.
+	// 0 means no bound. DSN key max_waits, 0 to 10000; default 32
+	// (DefaultMaxWaits).
+	MaxWaits int
+	// MaxReplicaLag is bounded staleness for every replica read, with or
+	// without a watermark (read_your_writes=off too): a replica not known to
+	// be within it of the primary is passed over; when every replica is,
+	// on_timeout decides. What is known comes from a background sampler of
+	// the primary's WAL position and the replicas' replay positions (see
+	// README, "Overload"). DSN key max_replica_lag: a size (16MB) or a
+	// duration (2s); default off.
+	MaxReplicaLag ReplicaLag
 	// WaitMethod selects WAIT FOR LSN or polling.
 	// DSN key wait_method: auto, wait_for or poll; default auto (WaitAuto).
 	WaitMethod WaitMethod
@@ -135,6 +220,28 @@ type Config struct {
 // Defaults for the DSN keys.
 const (
 	DefaultWaitTimeout = 500 * time.Millisecond
+	// DefaultMaxFallback: one ordinary pool's worth of queries (pgxpool's
+	// default size on an 8-core host). A lag event then adds at most 8
+	// reads per process to the primary's active queries instead of the
+	// whole read load; a fleet of a dozen processes stays under
+	// PostgreSQL's default max_connections (100) with room for its writes.
+	DefaultMaxFallback = 8
+	// DefaultMaxWaits: a healthy replica makes about half the reads that
+	// follow a write wait for a fraction of a millisecond, so a pool of up
+	// to ~64 busy connections never meets the bound; in a lag event it
+	// parks at most 32 connections per replica and process, a third of
+	// PostgreSQL's default max_connections.
+	DefaultMaxWaits = 32
+)
+
+// maxBound is the largest max_fallback or max_waits.
+const maxBound = 10000
+
+// Ranges of max_replica_lag.
+const (
+	maxLagBytes    = 1 << 40 // 1TB
+	minLagDuration = 250 * time.Millisecond
+	maxLagDuration = 24 * time.Hour
 )
 
 // maxWaitTimeout bounds the budget: a waiting read holds a connection on the
@@ -157,6 +264,16 @@ var dsnOptions = []dsnOption{
 		"Budget for a replica to reach the session's watermark."),
 	enumOption("on_timeout", onTimeoutNames, OnTimeoutPrimary, func(c *Config) *OnTimeout { return &c.OnTimeout },
 		"When the budget runs out: read the primary; return an error (`errors.Is(err, pgryw.ErrReplicaBehind)`, message names the watermark and the replica's position); or serve the replica's rows anyway and count them in `Stats.StaleReads`."),
+	intOption("max_fallback", DefaultMaxFallback, 0, maxBound, "`0` (no bound) or a count up to 10000",
+		func(c *Config) *int { return &c.MaxFallback },
+		"Most reads running on the primary at once, per pool, because no replica was fresh enough (`on_timeout=primary`: behind after the budget, known too far behind, over `max_replica_lag`, at `max_waits`). A read-only transaction that falls back counts until it ends; writes, read-write transactions, pinned or hinted reads and reads with no replica reachable do not. Over it, `on_max_fallback` decides. See [Overload](#overload) for the default."),
+	enumOption("on_max_fallback", onMaxFallbackNames, FallbackWait, func(c *Config) *OnMaxFallback { return &c.OnMaxFallback },
+		"A read over `max_fallback`: wait for one of them to finish, at most `wait_timeout` (or the caller's deadline), then fail; fail at once; or serve the replica's rows anyway (`Stats.StaleReads`). The error matches `pgryw.ErrReplicaBehind`; its `Limit` names `max_fallback`."),
+	intOption("max_waits", DefaultMaxWaits, 0, maxBound, "`0` (no bound) or a count up to 10000",
+		func(c *Config) *int { return &c.MaxWaits },
+		"Most reads waiting at once on one replica for their watermark (each holds a connection to it). Over it a read gets one check that does not wait; if the replica is not there, the next replica is tried, then `on_timeout` decides."),
+	lagOption("max_replica_lag", func(c *Config) *ReplicaLag { return &c.MaxReplicaLag },
+		"Bounded staleness for every replica read, with or without a watermark (also `read_your_writes=off`): a replica not *known* to be within this of the primary is passed over; when all are, `on_timeout` decides. See [Overload](#overload) for what is known and when."),
 	enumOption("wait_method", waitMethodNames, WaitAuto, func(c *Config) *WaitMethod { return &c.WaitMethod },
 		"`auto` = `WAIT FOR LSN … WITH (MODE 'standby_replay', TIMEOUT …, NO_THROW)` on servers ≥ 19, polling `pg_last_wal_replay_lsn()` on older ones. `wait_for` on an older server is reported as an error. `polar` = PolarDB's wait: `SET polar_consistency_mode`, `polar_proxy_wait_timeout_ms` and `polar_xact_split_wait_lsn` in front of the read (`on_timeout=stale` → `best_effort`, else `strict`); a replica that does not know them is reported as an error."),
 	enumOption("session_scope", scopeNames, ScopeDB, func(c *Config) *Scope { return &c.SessionScope },
@@ -303,6 +420,124 @@ func enumOption[T ~uint8](key string, names []string, def T, field func(*Config)
 			return nil
 		},
 	}
+}
+
+// intOption is a decimal integer from min to max.
+func intOption(key string, def, min, max int, values string, field func(*Config) *int, doc string) dsnOption {
+	allowed := fmt.Sprintf("an integer from %d to %d", min, max)
+	return dsnOption{key: key, typ: "int", values: values, def: strconv.Itoa(def), doc: doc,
+		parse: func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < min || n > max {
+				return badValue(key, v, allowed)
+			}
+			*field(c) = n
+			return nil
+		},
+		format: func(c *Config) (string, bool) {
+			n := *field(c)
+			return strconv.Itoa(n), n == def
+		},
+		validate: func(c *Config) error {
+			if n := *field(c); n < min || n > max {
+				return fmt.Errorf("pgryw: %s %d out of range (%d to %d)", key, n, min, max)
+			}
+			return nil
+		},
+	}
+}
+
+// lagOption is off, a size in WAL bytes or a duration.
+func lagOption(key string, field func(*Config) *ReplicaLag, doc string) dsnOption {
+	return dsnOption{key: key, typ: "size or duration",
+		values: "`off`; WAL bytes with a unit (`B`, `kB`, `MB`, `GB`, `TB`, 1024-based as in PostgreSQL: `16MB`), 1B to 1TB; or a Go duration (`2s`), " +
+			shortDuration(minLagDuration) + " to " + shortDuration(maxLagDuration),
+		def: "off", doc: doc,
+		parse: func(c *Config, v string) error {
+			l, err := parseReplicaLag(key, v)
+			if err != nil {
+				return err
+			}
+			*field(c) = l
+			return nil
+		},
+		format: func(c *Config) (string, bool) {
+			l := *field(c)
+			return l.String(), l.IsZero()
+		},
+		validate: func(c *Config) error { return field(c).validate(key) },
+	}
+}
+
+// byteUnits are PostgreSQL's memory units, 1024-based, largest first.
+var byteUnits = []struct {
+	name string
+	size uint64
+}{{"TB", 1 << 40}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"kB", 1 << 10}, {"B", 1}}
+
+// formatBytes writes n in the largest unit that divides it.
+func formatBytes(n uint64) string {
+	for _, u := range byteUnits {
+		if n%u.size == 0 {
+			return strconv.FormatUint(n/u.size, 10) + u.name
+		}
+	}
+	return strconv.FormatUint(n, 10) + "B"
+}
+
+// parseReplicaLag reads off, a size (a digit string and a unit ending in
+// B, in any case: no Go duration unit ends so) or a Go duration. A bare
+// number is refused: bytes or milliseconds would both be guesses.
+func parseReplicaLag(key, v string) (ReplicaLag, error) {
+	allowed := "off; a size with a unit (B, kB, MB, GB, TB) from 1B to 1TB, such as 16MB; or a Go duration from " +
+		shortDuration(minLagDuration) + " to " + shortDuration(maxLagDuration) + ", such as 2s"
+	if v == "off" {
+		return ReplicaLag{}, nil
+	}
+	var l ReplicaLag
+	if strings.HasSuffix(v, "B") || strings.HasSuffix(v, "b") {
+		i := 0
+		for i < len(v) && v[i] >= '0' && v[i] <= '9' {
+			i++
+		}
+		n, err := strconv.ParseUint(v[:i], 10, 64)
+		if err != nil {
+			return l, badValue(key, v, allowed)
+		}
+		unit := uint64(0)
+		for _, u := range byteUnits {
+			if strings.EqualFold(v[i:], u.name) {
+				unit = u.size
+			}
+		}
+		if unit == 0 || n > maxLagBytes/unit {
+			return l, badValue(key, v, allowed)
+		}
+		l.Bytes = n * unit
+	} else {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return l, badValue(key, v, allowed)
+		}
+		l.Duration = d
+	}
+	if l.IsZero() || l.validate(key) != nil {
+		return ReplicaLag{}, badValue(key, v, allowed)
+	}
+	return l, nil
+}
+
+// validate checks a bound set by hand.
+func (l ReplicaLag) validate(key string) error {
+	switch {
+	case l.Bytes != 0 && l.Duration != 0:
+		return fmt.Errorf("pgryw: %s sets both Bytes and Duration; set one", key)
+	case l.Bytes > maxLagBytes:
+		return fmt.Errorf("pgryw: %s %s out of range (1B to 1TB)", key, formatBytes(l.Bytes))
+	case l.Duration != 0 && (l.Duration < minLagDuration || l.Duration > maxLagDuration):
+		return fmt.Errorf("pgryw: %s %v out of range (%s to %s)", key, l.Duration, shortDuration(minLagDuration), shortDuration(maxLagDuration))
+	}
+	return nil
 }
 
 // shortDuration is d.String() without trailing zero units: 1h, not 1h0m0s.

@@ -20,23 +20,34 @@ var dsnCases = []struct {
 	primary string
 	noMatch []string // must not appear in the error (passwords)
 }{
-	{dsn: "postgres://u:secret@h:5432/db", primary: "postgres://u:secret@h:5432/db", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
+	{dsn: "postgres://u:secret@h:5432/db", primary: "postgres://u:secret@h:5432/db", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits}},
 	{dsn: "postgres://u@h/db?sslmode=disable&replicas=r1:5433,r2&wait_timeout=2s&on_timeout=error&application_name=x",
 		primary: "postgres://u@h/db?sslmode=disable&application_name=x",
-		want:    &Config{Replicas: []string{"r1:5433", "r2"}, ReadYourWrites: true, WaitTimeout: 2 * time.Second, OnTimeout: OnTimeoutError}},
+		want:    &Config{Replicas: []string{"r1:5433", "r2"}, ReadYourWrites: true, WaitTimeout: 2 * time.Second, OnTimeout: OnTimeoutError, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits}},
 	{dsn: "postgresql://h/db?replicas=%5B%3A%3A1%5D%3A5433&read_your_writes=off&wait_method=poll&session_scope=conn",
 		primary: "postgresql://h/db",
-		want:    &Config{Replicas: []string{"[::1]:5433"}, ReadYourWrites: false, WaitTimeout: 500 * time.Millisecond, WaitMethod: WaitPoll, SessionScope: ScopeConn}},
+		want:    &Config{Replicas: []string{"[::1]:5433"}, ReadYourWrites: false, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits, WaitMethod: WaitPoll, SessionScope: ScopeConn}},
 	{dsn: "host=h user=u password='se cret' dbname=db replicas=10.0.0.2:5433 wait_timeout=250 on_timeout=stale wait_method=wait_for",
 		primary: "host=h user=u password='se cret' dbname=db",
-		want:    &Config{Replicas: []string{"10.0.0.2:5433"}, ReadYourWrites: true, WaitTimeout: 250 * time.Millisecond, OnTimeout: OnTimeoutStale, WaitMethod: WaitFor}},
+		want:    &Config{Replicas: []string{"10.0.0.2:5433"}, ReadYourWrites: true, WaitTimeout: 250 * time.Millisecond, OnTimeout: OnTimeoutStale, WaitMethod: WaitFor, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits}},
 	{dsn: "replicas = 'a, b:6000'  host=h", primary: "host=h",
-		want: &Config{Replicas: []string{"a", "b:6000"}, ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
+		want: &Config{Replicas: []string{"a", "b:6000"}, ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits}},
 	{dsn: "host=h read_functions=f,public.g write_functions=Audit", primary: "host=h",
-		want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, ReadFunctions: []string{"f", "public.g"}, WriteFunctions: []string{"audit"}}},
-	{dsn: "", primary: "", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond}},
+		want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits, ReadFunctions: []string{"f", "public.g"}, WriteFunctions: []string{"audit"}}},
+	{dsn: "", primary: "", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits}},
+	// Overload bounds.
+	{dsn: "postgres://h/db?max_fallback=0&on_max_fallback=stale&max_waits=4&max_replica_lag=16MB", primary: "postgres://h/db",
+		want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: 0, OnMaxFallback: FallbackStale, MaxWaits: 4, MaxReplicaLag: ReplicaLag{Bytes: 16 << 20}}},
+	{dsn: "host=h max_fallback=10000 on_max_fallback=error max_waits=0 max_replica_lag=2s", primary: "host=h",
+		want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: 10000, OnMaxFallback: FallbackError, MaxWaits: 0, MaxReplicaLag: ReplicaLag{Duration: 2 * time.Second}}},
+	{dsn: "host=h read_your_writes=off max_replica_lag=1536kb", primary: "host=h",
+		want: &Config{ReadYourWrites: false, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits, MaxReplicaLag: ReplicaLag{Bytes: 1536 << 10}}},
+	{dsn: "host=h max_replica_lag=1TB max_waits=32 max_fallback=8 on_max_fallback=wait", primary: "host=h",
+		want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits, MaxReplicaLag: ReplicaLag{Bytes: 1 << 40}}},
+	{dsn: "host=h max_replica_lag=off max_replica_lag_x=1", primary: "host=h max_replica_lag_x=1",
+		want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits}},
 	// Found by FuzzParseDSN: an empty value must not swallow the keys FormatDSN appends.
-	{dsn: "on_timeout=stale 0=", primary: "0=''", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, OnTimeout: OnTimeoutStale}},
+	{dsn: "on_timeout=stale 0=", primary: "0=''", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits, OnTimeout: OnTimeoutStale}},
 
 	{dsn: "host=h on_timeout=later", errHas: []string{"on_timeout", "later", "primary, error, stale"}},
 	{dsn: "host=h read_your_writes=maybe", errHas: []string{"read_your_writes", "on, off"}},
@@ -54,6 +65,24 @@ var dsnCases = []struct {
 	{dsn: "host=h replicas='a", errHas: []string{"replicas", "unterminated"}},
 	{dsn: "host=h wait_timeout=1s wait_timeout=2s", errHas: []string{"wait_timeout", "twice"}},
 	{dsn: "host=h read_functions=f;drop", errHas: []string{"read_functions"}},
+	{dsn: "host=h max_fallback=-1", errHas: []string{"max_fallback", "-1", "0 to 10000"}},
+	{dsn: "host=h max_fallback=10001", errHas: []string{"max_fallback", "0 to 10000"}},
+	{dsn: "host=h max_fallback=lots", errHas: []string{"max_fallback", "lots"}},
+	{dsn: "host=h max_fallback=", errHas: []string{"max_fallback"}},
+	{dsn: "host=h max_waits=2.5", errHas: []string{"max_waits", "0 to 10000"}},
+	{dsn: "host=h on_max_fallback=primary", errHas: []string{"on_max_fallback", "wait, error, stale"}},
+	{dsn: "host=h max_replica_lag=16", errHas: []string{"max_replica_lag", `"16"`, "MB", "2s"}},
+	{dsn: "host=h max_replica_lag=0", errHas: []string{"max_replica_lag", "off"}},
+	{dsn: "host=h max_replica_lag=0MB", errHas: []string{"max_replica_lag"}},
+	{dsn: "host=h max_replica_lag=0s", errHas: []string{"max_replica_lag"}},
+	{dsn: "host=h max_replica_lag=16XB", errHas: []string{"max_replica_lag", "kB"}},
+	{dsn: "host=h max_replica_lag=MB", errHas: []string{"max_replica_lag"}},
+	{dsn: "host=h max_replica_lag=2TB", errHas: []string{"max_replica_lag", "1TB"}},
+	{dsn: "host=h max_replica_lag=99999999999999999999B", errHas: []string{"max_replica_lag"}},
+	{dsn: "host=h max_replica_lag=100ms", errHas: []string{"max_replica_lag", "250ms to 24h"}},
+	{dsn: "host=h max_replica_lag=25h", errHas: []string{"max_replica_lag", "250ms to 24h"}},
+	{dsn: "host=h max_replica_lag=-2s", errHas: []string{"max_replica_lag"}},
+	{dsn: "host=h max_replica_lag=1.5MB", errHas: []string{"max_replica_lag"}},
 	{dsn: "postgres://u:hunter2@h/db?on_timeout=nope", errHas: []string{"on_timeout"}, noMatch: []string{"hunter2"}},
 	{dsn: "user=u password=hunter2 port=notaport", errHas: []string{"primary connection string"}, noMatch: []string{"hunter2"}},
 	{dsn: "postgres://u:hunter2@h:badport/db", errHas: []string{"primary connection string"}, noMatch: []string{"hunter2"}},
@@ -278,6 +307,12 @@ func TestConfigValidateMessages(t *testing.T) {
 		{func(c *Config) { c.WaitMethod = 9 }, `pgryw: DSN key wait_method: invalid value "invalid(9)" (allowed: auto, wait_for, poll, polar)`},
 		{func(c *Config) { c.SessionScope = 2 }, `pgryw: DSN key session_scope: invalid value "invalid(2)" (allowed: db, conn)`},
 		{func(c *Config) { c.Replicas = []string{"a", "b:x"} }, `pgryw: DSN key replicas: invalid value "a,b:x" (allowed: entry "b:x": port must be 1-65535)`},
+		{func(c *Config) { c.MaxFallback = -1 }, "pgryw: max_fallback -1 out of range (0 to 10000)"},
+		{func(c *Config) { c.MaxWaits = 10001 }, "pgryw: max_waits 10001 out of range (0 to 10000)"},
+		{func(c *Config) { c.OnMaxFallback = 3 }, `pgryw: DSN key on_max_fallback: invalid value "invalid(3)" (allowed: wait, error, stale)`},
+		{func(c *Config) { c.MaxReplicaLag = ReplicaLag{Bytes: 1, Duration: time.Second} }, "pgryw: max_replica_lag sets both Bytes and Duration; set one"},
+		{func(c *Config) { c.MaxReplicaLag = ReplicaLag{Bytes: 1<<40 + 1} }, "pgryw: max_replica_lag 1099511627777B out of range (1B to 1TB)"},
+		{func(c *Config) { c.MaxReplicaLag = ReplicaLag{Duration: time.Millisecond} }, "pgryw: max_replica_lag 1ms out of range (250ms to 24h)"},
 	} {
 		cfg := NewConfig()
 		c.set(cfg)
@@ -291,6 +326,8 @@ func TestConfigValidateMessages(t *testing.T) {
 		{"read_your_writes=yes", `pgryw: DSN key read_your_writes: invalid value "yes" (allowed: on, off)`},
 		{"replicas=a:0", `pgryw: DSN key replicas: invalid value "a:0" (allowed: host[:port][,host[:port]...], IPv6 as [addr]:port; entry "a:0": port must be 1-65535)`},
 		{"write_functions=a,", `pgryw: DSN key write_functions: invalid value "a," (allowed: a comma-separated list of function names, optionally schema-qualified)`},
+		{"max_fallback=x", `pgryw: DSN key max_fallback: invalid value "x" (allowed: an integer from 0 to 10000)`},
+		{"max_replica_lag=16", `pgryw: DSN key max_replica_lag: invalid value "16" (allowed: off; a size with a unit (B, kB, MB, GB, TB) from 1B to 1TB, such as 16MB; or a Go duration from 250ms to 24h, such as 2s)`},
 	} {
 		if _, err := ParseDSN(c.dsn); err == nil || err.Error() != c.want {
 			t.Errorf("ParseDSN(%q) = %v, want %s", c.dsn, err, c.want)
@@ -302,6 +339,32 @@ func TestConfigValidateMessages(t *testing.T) {
 	}{{"wait_timeout=1", time.Millisecond}, {"wait_timeout=3600000", time.Hour}, {"wait_timeout=1h", time.Hour}} {
 		if cfg, err := ParseDSN(c.dsn); err != nil || cfg.WaitTimeout != c.want {
 			t.Errorf("ParseDSN(%q) = %v, %v; want %v", c.dsn, cfg, err, c.want)
+		}
+	}
+}
+
+// max_replica_lag reads PostgreSQL's 1024-based units in any case, and
+// writes the largest unit that divides the value.
+func TestReplicaLagSpelling(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want ReplicaLag
+		out  string
+	}{
+		{"1B", ReplicaLag{Bytes: 1}, "1B"},
+		{"1024b", ReplicaLag{Bytes: 1024}, "1kB"},
+		{"1536kB", ReplicaLag{Bytes: 1536 << 10}, "1536kB"},
+		{"16mb", ReplicaLag{Bytes: 16 << 20}, "16MB"},
+		{"2048MB", ReplicaLag{Bytes: 2 << 30}, "2GB"},
+		{"1tb", ReplicaLag{Bytes: 1 << 40}, "1TB"},
+		{"250ms", ReplicaLag{Duration: 250 * time.Millisecond}, "250ms"},
+		{"1m30s", ReplicaLag{Duration: 90 * time.Second}, "1m30s"},
+		{"24h", ReplicaLag{Duration: 24 * time.Hour}, "24h"},
+		{"off", ReplicaLag{}, "off"},
+	} {
+		got, err := parseReplicaLag("max_replica_lag", c.in)
+		if err != nil || got != c.want || got.String() != c.out {
+			t.Errorf("parseReplicaLag(%q) = %+v (%s), %v; want %+v (%s)", c.in, got, got.String(), err, c.want, c.out)
 		}
 	}
 }

@@ -22,17 +22,38 @@ var ErrReplicaHint = errors.New("pgryw: /* pgryw:replica */ hint on a statement 
 // on_timeout=error when no replica replayed the session's watermark in time.
 var ErrReplicaBehind = errors.New("pgryw: replica behind the session's watermark")
 
-// ReplicaBehindError is the error a read returns under on_timeout=error. It
-// matches ErrReplicaBehind.
+// ReplicaBehindError is the error a read returns under on_timeout=error, or
+// over max_fallback under on_max_fallback=wait or error. It matches
+// ErrReplicaBehind.
 type ReplicaBehindError struct {
 	Replica   string        // host:port of the replica that was waited on
-	Watermark string        // the session's watermark, an LSN
+	Watermark string        // the session's watermark, an LSN (0/0: none)
 	Replayed  string        // the replica's last known replay LSN ("unknown" if none)
-	Waited    time.Duration // the budget that ran out
+	Waited    time.Duration // the budget that ran out; 0 when nothing was waited for
+	// Limit names the overload bound that made the read give up, as a DSN
+	// setting: "max_replica_lag=2s" (the replica was not known to be within
+	// it), "max_waits=32" (that many reads were already waiting on the
+	// replica), "max_fallback=8" (that many reads were already running on
+	// the primary for lack of a fresh replica; Waited is how long this one
+	// waited for one of them to finish). "" when the replica did not, or by
+	// its measured lag would not, replay the watermark within the budget.
+	Limit string
 }
 
-// Error reports both positions so the lag can be judged from the message.
+// Error reports both positions so the lag can be judged from the message,
+// and the bound that applied.
 func (e *ReplicaBehindError) Error() string {
+	switch key, _, _ := strings.Cut(e.Limit, "="); key {
+	case "max_replica_lag":
+		return fmt.Sprintf("pgryw: replica %s is not known to be within %s of the primary (replayed %s)",
+			e.Replica, e.Limit, e.Replayed)
+	case "max_waits":
+		return fmt.Sprintf("pgryw: replica %s had not replayed the session's watermark %s (replayed %s) and %s reads were already waiting on it",
+			e.Replica, e.Watermark, e.Replayed, e.Limit)
+	case "max_fallback":
+		return fmt.Sprintf("pgryw: replica %s is behind (session's watermark %s, replayed %s) and %s reads were already running on the primary for lack of a fresh replica (waited %v)",
+			e.Replica, e.Watermark, e.Replayed, e.Limit, e.Waited)
+	}
 	return fmt.Sprintf("pgryw: replica %s did not replay the session's watermark %s within %v (replayed %s)",
 		e.Replica, e.Watermark, e.Waited, e.Replayed)
 }

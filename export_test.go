@@ -33,3 +33,28 @@ func PoolWatermark(c *Connector) string { return c.db.wm.Load().String() }
 
 // WaitForChecks counts the catch-up checks c sent as WAIT FOR LSN.
 func WaitForChecks(c *Connector) int64 { return c.stats.waitFors.Load() }
+
+// HoldFallbacks takes n of c's max_fallback slots, as n fallback reads
+// running on the primary would, until release is called.
+func HoldFallbacks(c *Connector, n int) (release func()) {
+	for i := 0; i < n; i++ {
+		if !c.over.fallback.try() {
+			panic("HoldFallbacks: no slot free")
+		}
+	}
+	return func() {
+		for i := 0; i < n; i++ {
+			c.over.fallback.release()
+		}
+	}
+}
+
+// FallbacksInUse returns how many of c's max_fallback slots are taken.
+func FallbacksInUse(c *Connector) int64 { return c.over.fallback.inUse.Load() }
+
+// HoldWaits takes n of max_waits' places on c's replica i, as n reads
+// waiting on it would, until release is called.
+func HoldWaits(c *Connector, i, n int) (release func()) {
+	c.topo.replicas[i].waits.Add(int64(n))
+	return func() { c.topo.replicas[i].waits.Add(-int64(n)) }
+}

@@ -29,7 +29,7 @@ type monitor struct {
 
 // startMonitor starts the monitor once, if there is anything to monitor.
 func (c *Connector) startMonitor() {
-	if c.plain || !c.cfg.ReadYourWrites {
+	if c.plain || !c.cfg.ReadYourWrites && !c.topo.lag.on {
 		return
 	}
 	c.mon.once.Do(func() {
@@ -63,6 +63,7 @@ func (c *Connector) Close() error {
 
 func (c *Connector) runMonitor(ctx context.Context) {
 	defer close(c.mon.done)
+	defer c.startSampler(ctx)() // max_replica_lag's primary sampler, stopped with the monitor
 	conns := make([]*backend, len(c.topo.replicas))
 	defer func() {
 		for _, b := range conns {

@@ -23,6 +23,7 @@ type node struct {
 	notStandby atomic.Bool   // reported not in recovery: promoted, or never a standby
 	lag        atomic.Int64  // lower bound on replay lag, ns (see history)
 	lagAt      atomic.Int64  // when lag was measured, unix ns; 0 = never
+	waits      atomic.Int64  // reads waiting on this replica (max_waits, overload.go)
 
 	obs nodeObs // counters and last noted state (stats.go)
 }
@@ -58,13 +59,15 @@ type topology struct {
 	replicas []*node
 	next     atomic.Uint32 // rotates the starting replica between reads
 	hist     history
+	lag      lagBound // max_replica_lag (overload.go)
 }
 
 // pick chooses a replica for a read that needs the watermark wm: a usable
 // replica already known to have replayed wm, rotating among those; else the
 // usable replica known to be least behind among those whose measured lag
 // lets them catch up within budget. When every usable replica is known to
-// be too far behind, it returns the least behind of them with hopeless set.
+// be too far behind, or not known to be within max_replica_lag, it returns
+// the least behind of them with hopeless set.
 // Replicas whose bit is set in tried are skipped. It returns nil when none
 // is usable. It does not allocate.
 func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) (best *node, hopeless bool) {
@@ -79,6 +82,14 @@ func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) (best *n
 	for k := 0; k < n; k++ {
 		r := t.replicas[(start+k)%n]
 		if tried&(1<<uint(r.index%64)) != 0 || !r.usable(now) {
+			continue
+		}
+		if t.lag.on && !t.lag.allows(r, now) {
+			// Not known to be within max_replica_lag: as good as hopeless.
+			t.lag.skips.Add(1)
+			if lost == nil || r.knownReplay() > lost.knownReplay() {
+				lost = r
+			}
 			continue
 		}
 		if r.knownReplay() >= wm {

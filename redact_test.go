@@ -52,7 +52,9 @@ var redactCases = []struct{ dsn, want string }{
 
 func TestRedactDSN(t *testing.T) {
 	for _, c := range redactCases {
-		got := (&Config{Primary: c.dsn, ReadYourWrites: true, WaitTimeout: DefaultWaitTimeout}).String()
+		cfg := NewConfig()
+		cfg.Primary = c.dsn
+		got := cfg.String()
 		if got != c.want {
 			t.Errorf("String() of %q\n got %q\nwant %q", c.dsn, got, c.want)
 		}
@@ -208,7 +210,8 @@ func FuzzRedact(f *testing.F) {
 			sep := []string{"=", " = ", "=\t", "\t=  "}[int(form/4)%4]
 			dsn = "host=" + quoteKV(host) + " " + k + "=" + quoteKV(val) + " " + kvKeys[int(form/16)%len(kvKeys)] + sep + q + " dbname=" + quoteKV(db)
 		}
-		cfg := &Config{Primary: dsn, ReadYourWrites: true, WaitTimeout: DefaultWaitTimeout}
+		cfg := NewConfig()
+		cfg.Primary = dsn
 		if s := cfg.String(); strings.Contains(s, secretMarker) {
 			t.Fatalf("String() of %q shows the secret: %q", dsn, s)
 		}

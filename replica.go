@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -56,15 +57,23 @@ var errUsePrimary = errors.New("pgryw: use the primary")
 // replica is known to be too far behind to catch up within the budget (so a
 // lag event does not hold a replica connection per read for the whole
 // budget): errUsePrimary, a *ReplicaBehindError, or (stale) the least behind
-// replica with check false.
-func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64) (b *backend, check bool, err error) {
+// replica with check false. So it does, with *busy, when every replica left
+// was passed over for max_waits (and clears *busy).
+func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64, busy **node) (b *backend, check bool, err error) {
 	for {
 		n, hopeless := cn.c.topo.pick(wm, *tried, cn.c.budget(ctx))
-		if n == nil {
+		limit := ""
+		switch {
+		case n == nil && *busy != nil:
+			n, hopeless, limit = *busy, true, fmt.Sprintf("max_waits=%d", cn.c.cfg.MaxWaits)
+			*busy = nil
+		case n == nil:
 			return nil, false, errUsePrimary
+		case hopeless:
+			limit = cn.c.hopelessLimit(n)
 		}
 		if hopeless {
-			if err := cn.behind(n, wm); err != nil {
+			if err := cn.behind(ctx, n, wm, limit); err != nil {
 				return nil, false, err
 			}
 		}
@@ -87,24 +96,25 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64) (b *
 }
 
 // behind decides what a read does when replica n did not (or, by its
-// measured lag, will not) replay wm in time: errUsePrimary
-// (on_timeout=primary), a *ReplicaBehindError (on_timeout=error), or nil to
+// measured lag, will not) replay wm in time, or an overload bound (limit, as
+// in ReplicaBehindError) rules it out: errUsePrimary (on_timeout=primary,
+// within max_fallback), a *ReplicaBehindError (on_timeout=error), or nil to
 // serve the replica's rows anyway (on_timeout=stale).
-func (cn *Conn) behind(n *node, wm lsn.LSN) error {
+func (cn *Conn) behind(ctx context.Context, n *node, wm lsn.LSN, limit string) error {
 	cn.skip(n, FallbackBehind)
 	switch cn.c.cfg.OnTimeout {
 	case OnTimeoutError:
 		cn.c.stats.behindErrors.Add(1)
-		replayed := "unknown"
-		if r := n.knownReplay(); r > 0 {
-			replayed = r.String()
+		waited := cn.c.cfg.WaitTimeout
+		if limit != "" {
+			waited = 0
 		}
-		return &ReplicaBehindError{Replica: n.addr, Watermark: wm.String(), Replayed: replayed, Waited: cn.c.cfg.WaitTimeout}
+		return behindError(n, wm, waited, limit)
 	case OnTimeoutStale:
 		cn.c.stats.staleReads.Add(1)
 		return nil
 	}
-	return errUsePrimary
+	return cn.fallback(ctx, n, wm)
 }
 
 // attempt is one read on one replica: its answer, until used or discarded.
@@ -237,9 +247,10 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		return cn.toPrimary(), nil, nil
 	}
 	var tried uint64
+	var busy *node // a replica passed over for max_waits
 	retriedStale := false
 	for {
-		b, check, err := cn.nextReplica(ctx, wm, &tried)
+		b, check, err := cn.nextReplica(ctx, wm, &tried, &busy)
 		if errors.Is(err, errUsePrimary) {
 			return cn.toPrimary(), nil, nil
 		}
@@ -279,8 +290,12 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			a.drop()
 			cn.skip(b.node, FallbackPromoted)
 			continue
+		case waitBusy:
+			a.drop()
+			busy = b.node
+			continue
 		case waitTimeout, waitBehind:
-			if perr := cn.behind(b.node, wm); perr != nil {
+			if perr := cn.behind(ctx, b.node, wm, ""); perr != nil {
 				a.drop()
 				if perr == errUsePrimary {
 					return cn.toPrimary(), nil, nil
@@ -373,20 +388,41 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 // replica gets there), then polling alone and reading once it is there. With
 // WAIT FOR or PolarDB's wait the server does the waiting, so one try says
 // it all.
+//
+// A read waits on the replica only with one of max_waits' places: taken
+// before a server-side wait is sent, or before polling starts. Without one
+// it gets a check that does not wait (a replay position poll riding in
+// front of it, whatever the server), and waitBusy if that finds the
+// replica behind.
 func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResult, error) {
 	b := a.b
 	budget := cn.c.budget(ctx)
+	method := cn.c.methodFor(b)
+	serverWaits := method != WaitPoll
+	held, over := false, false
+	if serverWaits {
+		held = cn.c.enterWait(b.node)
+		over = !held
+		if over {
+			method, serverWaits = WaitPoll, false
+		}
+	}
+	defer func() {
+		if held {
+			cn.c.leaveWait(b.node)
+		}
+	}()
 	deadline := time.Now().Add(budget)
 	for i := 0; ; i++ {
-		if i < pipelinedAttempts || cn.c.methodFor(b) != WaitPoll {
-			inj := cn.c.armCheck(b, wm, max(time.Until(deadline), time.Millisecond))
+		if i < pipelinedAttempts || serverWaits {
+			inj := cn.c.armCheck(b, method, wm, max(time.Until(deadline), time.Millisecond))
 			notices := b.wire.Notices()
 			a.read()
 			if a.unset {
 				return waitOK, nil
 			}
-			res, err := cn.c.checked(b, inj, wm)
-			if err == nil && res == waitOK && cn.c.methodFor(b) == WaitPolar {
+			res, err := cn.c.checked(b, method, inj, wm)
+			if err == nil && res == waitOK && method == WaitPolar {
 				res = cn.c.polarOutcome(b, a, wm, notices)
 			}
 			if err != nil || res != waitBehind {
@@ -403,6 +439,13 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResu
 		}
 		a.drop()
 		left := time.Until(deadline)
+		if !held && !over && left > 0 {
+			held = cn.c.enterWait(b.node)
+			over = !held
+		}
+		if over {
+			return waitBusy, nil
+		}
 		if left <= 0 {
 			cn.c.stats.waitTimeouts.Add(1)
 			return waitTimeout, nil

@@ -115,6 +115,7 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 	}
 	cn.servedBegin(ctx, opts.ReadOnly)
 	if err != nil {
+		cn.releaseFallback()
 		return nil, err
 	}
 	cn.primary.txOpen = true
@@ -210,6 +211,7 @@ func (t *tx) Rollback() error {
 func (t *tx) end(f func() error, commit bool) error {
 	cn := t.cn
 	cn.tx = nil
+	defer cn.releaseFallback() // a read-only transaction that fell back to the primary
 	t.b.txOpen = false
 	if t.onReplica && !cn.c.cfg.ReadYourWrites {
 		err := f()

@@ -47,6 +47,7 @@ const (
 	waitTimeout                      // budget ran out
 	waitNotStandby                   // the node is not (or no longer) in recovery
 	waitBehind                       // a one-off check found it behind (polling may still catch up)
+	waitBusy                         // max_waits reads already wait on the replica, and a check that did not wait found it behind
 )
 
 // capture reads the primary's WAL insert position with a round trip of its
@@ -202,12 +203,13 @@ const (
 )
 
 // armCheck puts a replica's catch-up check in front of the read about to be
-// sent on b: WAIT FOR LSN on PostgreSQL 19 and later (a utility statement
-// with literals, so a simple Query), else a replay position poll. Both are
+// sent on b, by method (methodFor's, or WaitPoll for a check that must not
+// wait): WAIT FOR LSN on PostgreSQL 19 and later (a utility statement with
+// literals, so a simple Query), else a replay position poll. Both are
 // answered before the read runs, in the same round trip.
-func (c *Connector) armCheck(b *backend, wm lsn.LSN, budget time.Duration) *wire.Injection {
+func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget time.Duration) *wire.Injection {
 	inj := &b.pre.inj
-	switch c.methodFor(b) {
+	switch method {
 	case WaitPolar:
 		c.stats.waits.Add(1)
 		inj.Reset(polarSQL(c.cfg.OnTimeout, wm, budget))
@@ -225,8 +227,8 @@ func (c *Connector) armCheck(b *backend, wm lsn.LSN, budget time.Duration) *wire
 // errCheckLost: the connection failed before the check's answer arrived.
 var errCheckLost = errors.New("pgryw: replica connection failed during the catch-up check")
 
-// checked reads the answer to armCheck's statement.
-func (c *Connector) checked(b *backend, inj *wire.Injection, wm lsn.LSN) (waitResult, error) {
+// checked reads the answer to armCheck's statement, armed by method.
+func (c *Connector) checked(b *backend, method WaitMethod, inj *wire.Injection, wm lsn.LSN) (waitResult, error) {
 	if !inj.Sent() {
 		return waitBehind, nil // nothing was checked: check the slow way
 	}
@@ -243,7 +245,7 @@ func (c *Connector) checked(b *backend, inj *wire.Injection, wm lsn.LSN) (waitRe
 		return waitTimeout, err
 	}
 	row, null := inj.Row()
-	switch c.methodFor(b) {
+	switch method {
 	case WaitPolar:
 		// The settings took; the replica waits when the read takes its
 		// snapshot (see polarOutcome).
