@@ -22,6 +22,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -90,16 +91,17 @@ type segment struct {
 type Conn struct {
 	net.Conn
 
-	mu      sync.Mutex
-	prefix  []*Injection // in the order they go out
-	suffix  []*Injection
-	queue   []segment // answers still to come, in order; empty: pass all
-	pending []byte    // pass-through bytes read by Await, for pgx's next Read
-	wbuf    []byte
-	sent    uint64        // bytes of the caller's that went out
-	notices uint64        // NoticeResponses passed to pgx
-	reading bool          // a Read or Await is on the socket
-	waiter  chan struct{} // closed when that read returns, if someone waits
+	mu           sync.Mutex
+	prefix       []*Injection // in the order they go out
+	suffix       []*Injection
+	queue        []segment // answers still to come, in order; empty: pass all
+	pending      []byte    // pass-through bytes read by Await, for pgx's next Read
+	wbuf         []byte
+	sent         uint64        // bytes of the caller's that went out
+	notices      uint64        // NoticeResponses passed to pgx
+	reading      bool          // a Read or Await is on the socket
+	readDeadline time.Time     // pgx's read deadline, restored after an Await
+	waiter       chan struct{} // closed when that read returns, if someone waits
 
 	// Read-side framing state.
 	hdr      [5]byte
@@ -284,8 +286,22 @@ func appendQuery(buf []byte, sql string) []byte {
 }
 
 // Read implements net.Conn, removing pgryw's answers from what pgx reads.
+// While an Await (from another goroutine: a connection whose ride-along
+// answer another session needs) is on the socket, Read waits for it, within
+// pgx's read deadline, and then returns what it kept for pgx first.
 func (c *Conn) Read(p []byte) (int, error) {
 	c.mu.Lock()
+	for c.reading && len(c.pending) == 0 {
+		if c.waiter == nil {
+			c.waiter = make(chan struct{})
+		}
+		w, dl := c.waiter, c.readDeadline
+		c.mu.Unlock()
+		if err := waitFor(w, dl); err != nil {
+			return 0, err
+		}
+		c.mu.Lock()
+	}
 	if len(c.pending) > 0 {
 		n := copy(p, c.pending)
 		c.pending = c.pending[n:]
@@ -403,9 +419,12 @@ func (c *Conn) endMessage() {
 }
 
 // Await reads from the socket until in's answer is complete, keeping any
-// bytes meant for pgx for its next Read. Call it only while pgx is not
-// reading (between statements). After an error the connection is out of
-// step and must be closed.
+// bytes meant for pgx for its next Read. It may run beside pgx's use of the
+// connection, even from another goroutine: a read of pgx's already on the
+// socket is waited for (what it reads is filtered as usual), and pgx's
+// reads wait while Await reads. The framing state is kept across an error
+// (the caller's context ending, say), so the connection stays in step; a
+// socket error leaves it to pgx to find.
 func (c *Conn) Await(ctx context.Context, in *Injection) error {
 	c.mu.Lock()
 	done := in.done || !in.sent
@@ -468,13 +487,54 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 // within 30 seconds.
 var errAwaitTimeout = errors.New("wire: timed out waiting for a ride-along answer")
 
-// readBy reads once into abuf, giving up at dl or when ctx ends.
+// readBy reads once into abuf, giving up at dl or when ctx ends, and then
+// puts back the read deadline pgx asked for.
 func (c *Conn) readBy(ctx context.Context, dl time.Time) (int, error) {
 	c.Conn.SetReadDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { c.Conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer func() {
 		stop()
-		c.Conn.SetReadDeadline(time.Time{})
+		c.mu.Lock()
+		pgxDL := c.readDeadline
+		c.mu.Unlock()
+		c.Conn.SetReadDeadline(pgxDL)
 	}()
 	return c.Conn.Read(c.abuf)
+}
+
+// waitFor waits until w is closed, or until dl (when set) passes.
+func waitFor(w chan struct{}, dl time.Time) error {
+	if dl.IsZero() {
+		<-w
+		return nil
+	}
+	d := time.Until(dl)
+	if d <= 0 {
+		return os.ErrDeadlineExceeded
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w:
+		return nil
+	case <-t.C:
+		return os.ErrDeadlineExceeded
+	}
+}
+
+// SetDeadline implements net.Conn, noting the read deadline pgx asks for
+// (it interrupts reads with one when its context ends).
+func (c *Conn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.readDeadline = t
+	c.mu.Unlock()
+	return c.Conn.SetDeadline(t)
+}
+
+// SetReadDeadline implements net.Conn; see SetDeadline.
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.readDeadline = t
+	c.mu.Unlock()
+	return c.Conn.SetReadDeadline(t)
 }

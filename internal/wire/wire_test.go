@@ -3,10 +3,12 @@ package wire
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -333,5 +335,88 @@ func TestSeveralInjectionsEachSide(t *testing.T) {
 		if !p2.Done() || p2.Err() == nil {
 			t.Fatalf("seed %d: p2 %+v", seed, p2)
 		}
+	}
+}
+
+// TestReadWaitsForAwait: another goroutine awaits a ride-along answer while
+// pgx starts its next statement and reads: pgx's Read waits for the
+// Await, then gets every byte meant for it, in order; a Read whose deadline
+// passes while it waits fails as a timeout.
+func TestReadWaitsForAwait(t *testing.T) {
+	ours := enc(t,
+		&pgproto3.DataRow{Values: [][]byte{[]byte("0/3000100")}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	first := enc(t, &pgproto3.CommandComplete{CommandTag: []byte("INSERT 0 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	next := enc(t, &pgproto3.CommandComplete{CommandTag: []byte("INSERT 0 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	client, server := net.Pipe()
+	defer client.Close()
+	defer server.Close()
+	c := Wrap(client)
+	in := &Injection{SQL: "SELECT pg_current_wal_insert_lsn()"}
+	c.AppendAfterExec(in)
+	go func() {
+		buf := make([]byte, 4096)
+		server.Read(buf)
+		server.Write(first)
+		server.Read(buf) // the next statement
+		time.Sleep(30 * time.Millisecond)
+		server.Write(append(append([]byte{}, ours...), next...))
+	}()
+	if _, err := c.Write(encF(t, &pgproto3.Query{String: "INSERT 1"})); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 4096)
+	n, err := c.Read(p)
+	if err != nil || !bytes.Equal(p[:n], first) {
+		t.Fatalf("first answer %q %v", p[:n], err)
+	}
+	// Our answer has not come. Another goroutine awaits it...
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		done <- c.Await(ctx, in)
+	}()
+	time.Sleep(10 * time.Millisecond)
+	// ...while pgx sends its next statement and reads its answer.
+	if _, err := c.Write(encF(t, &pgproto3.Query{String: "INSERT 2"})); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	for len(got) < len(next) {
+		n, err := c.Read(p)
+		if err != nil {
+			t.Fatalf("pgx read: %v", err)
+		}
+		got = append(got, p[:n]...)
+	}
+	if !bytes.Equal(got, next) {
+		t.Fatalf("pgx saw %q, want %q", got, next)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if row, _ := in.Row(); !in.Done() || len(row) != 1 || row[0] != "0/3000100" {
+		t.Fatalf("injection %+v", in)
+	}
+
+	// A Read waiting for an Await honours pgx's deadline.
+	in2 := &Injection{SQL: "SELECT 1"}
+	c.AppendAfterExec(in2)
+	go func() {
+		buf := make([]byte, 4096)
+		server.Read(buf)
+		// never answers
+	}()
+	c.Write(encF(t, &pgproto3.Query{String: "INSERT 3"}))
+	actx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	go c.Await(actx, in2)
+	time.Sleep(10 * time.Millisecond)
+	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := c.Read(p); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read past its deadline: %v", err)
 	}
 }
