@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -79,8 +80,10 @@ type Connector struct {
 	stats    counters
 	log      atomic.Pointer[slog.Logger]
 	mon      monitor
-	gen      atomic.Pointer[generation] // the primary's, once known
-	genTried atomic.Bool
+	sysID    atomic.Uint64 // the primary's system identifier, once read; 0: unknown
+	sysTried atomic.Bool   // the server refused to say: not asked again
+	tli      atomic.Uint32 // the current writer's timeline (see sawPrimary); 0 until known
+	genMu    sync.Mutex    // serializes changes of tli
 
 	// dial opens a backend connection; replaced by unit tests to put
 	// go-sqlmock connections in place of servers.
@@ -273,36 +276,41 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 // timeline as the first eight hex digits of the current WAL file's name.
 const sqlGeneration = "SELECT s.system_identifier::text, pg_walfile_name(pg_current_wal_insert_lsn()) FROM pg_control_system() s"
 
-// generationOf returns the primary's generation, reading it on b (idle on
-// the primary) the first time a Session needs it: one round trip per
-// connector, paid only by applications that use Sessions. A server that
+// generationOf returns the current writer's generation: its system
+// identifier, read on b (idle on the primary) the first time a Session
+// needs it (one round trip per connector, paid only by applications that
+// use Sessions; a failover keeps the system identifier), and the timeline of
+// the latest position read on the writer (see sawPrimary). A server that
 // refuses the query (pg_control_system may be restricted) is not asked
-// again; Session positions then carry no generation, and tokens of any
+// again; Session positions then carry the timeline alone. Until the system
+// identifier is known they carry no generation, and tokens of any
 // generation are taken as this one's.
 func (c *Connector) generationOf(ctx context.Context, b *backend) generation {
-	if g := c.gen.Load(); g != nil {
-		return *g
+	if sys := c.sysID.Load(); sys != 0 || c.sysTried.Load() {
+		return generation{system: sys, timeline: c.tli.Load()}
 	}
-	if c.genTried.Load() || b.pg == nil {
+	if b.pg == nil {
 		return generation{}
 	}
 	row, _, err := b.control(ctx, sqlGeneration)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		c.genTried.Store(true)
+		c.sysTried.Store(true)
+		return generation{timeline: c.tli.Load()}
 	}
-	if err != nil || len(row) != 2 || len(row[1]) < 8 {
+	if err != nil || len(row) != 2 {
 		return generation{}
 	}
-	sys, err1 := strconv.ParseUint(row[0], 10, 64)
-	tli, err2 := strconv.ParseUint(row[1][:8], 16, 32)
-	if err1 != nil || err2 != nil {
-		c.genTried.Store(true)
-		return generation{}
+	sys, err := strconv.ParseUint(row[0], 10, 64)
+	tli, ok := walFileTimeline(row[1])
+	if err != nil || !ok || sys == 0 {
+		c.sysTried.Store(true)
+		return generation{timeline: c.tli.Load()}
 	}
-	g := generation{system: sys, timeline: uint32(tli)}
-	c.gen.Store(&g)
-	return g
+	c.sysID.Store(sys)
+	// Before any position was read, this is the current writer's timeline.
+	c.tli.CompareAndSwap(0, tli)
+	return generation{system: sys, timeline: c.tli.Load()}
 }
 
 // Driver implements driver.Connector.
@@ -331,6 +339,7 @@ type counters struct {
 	waits, waitTimeouts, captures, captureFailures                  atomic.Int64
 	waitFors                                                        atomic.Int64 // checks sent as WAIT FOR LSN
 	tokensClamped, tokensRebased                                    atomic.Int64
+	writerChanges                                                   atomic.Int64 // new timelines seen after the first
 }
 
 // Stats returns the connector's counters.

@@ -105,6 +105,7 @@ func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) (best *n
 // process's clock; no server clocks are compared.
 type history struct {
 	mu   sync.Mutex
+	tli  uint32 // the timeline the entries are on
 	lsn  [historySize]uint64
 	at   [historySize]int64
 	n    int // entries used
@@ -113,10 +114,18 @@ type history struct {
 
 const historySize = 256
 
-// add records that the primary was at l at time t. Positions only rise.
-func (h *history) add(l lsn.LSN, t int64) {
+// add records that the primary was at l on timeline tli at time t. Positions
+// only rise within a timeline; a later timeline (a new writer) starts the
+// history afresh, and a position of an earlier one is ignored.
+func (h *history) add(l lsn.LSN, t int64, tli uint32) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	switch {
+	case tli > h.tli:
+		h.tli, h.n, h.head = tli, 0, 0
+	case tli < h.tli:
+		return
+	}
 	if h.n > 0 {
 		last := (h.head + h.n - 1) % historySize
 		if uint64(l) <= h.lsn[last] {
