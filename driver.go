@@ -118,15 +118,29 @@ func newConnector(cfg *Config) (*Connector, error) {
 		writeFuncs: toSet(cfg.WriteFunctions),
 	}
 	c.topo.primary = &node{index: -1, addr: fmt.Sprintf("%s:%d", wc.Host, wc.Port), host: wc.Host, port: wc.Port}
-	for i, r := range cfg.Replicas {
+	addNode := func(host string, port uint16, candidate bool) {
+		rc := replicaConfig(wc, host, port)
+		c.wireUp(rc)
+		c.replicas = append(c.replicas, stdlib.GetConnector(*rc))
+		c.topo.replicas = append(c.topo.replicas, &node{index: len(c.topo.replicas), addr: fmt.Sprintf("%s:%d", host, port),
+			host: host, port: port, candidate: candidate})
+	}
+	for _, r := range cfg.Replicas {
 		host, port, err := splitHostPort(r, wc.Port)
 		if err != nil {
 			return nil, badValue("replicas", r, err.Error())
 		}
-		rc := replicaConfig(wc, host, port)
-		c.wireUp(rc)
-		c.replicas = append(c.replicas, stdlib.GetConnector(*rc))
-		c.topo.replicas = append(c.topo.replicas, &node{index: i, addr: fmt.Sprintf("%s:%d", host, port), host: host, port: port})
+		addNode(host, port, false)
+	}
+	if !c.plain {
+		// A writer named by several hosts fails over among them: each is
+		// also a replica while it is a standby (the monitor tells), and a
+		// former writer that comes back as a standby serves reads again.
+		for _, hp := range writerHosts(wc) {
+			if !slices.ContainsFunc(c.topo.replicas, func(n *node) bool { return n.port == hp.port && strings.EqualFold(n.host, hp.host) }) {
+				addNode(hp.host, hp.port, true)
+			}
+		}
 	}
 	if !c.plain {
 		c.wireUp(wc)
@@ -154,6 +168,27 @@ func (c *Connector) wireUp(cc *pgx.ConnConfig) {
 		}
 		return wire.Wrap(nc), nil
 	}
+}
+
+type hostPort struct {
+	host string
+	port uint16
+}
+
+// writerHosts returns the writer's hosts when the DSN names more than one
+// (pgx's multi-host form, with target_session_attrs choosing among them), in
+// order, each once; nil for a single host.
+func writerHosts(wc *pgx.ConnConfig) []hostPort {
+	hosts := []hostPort{{wc.Host, wc.Port}}
+	for _, fb := range wc.Fallbacks {
+		if !slices.Contains(hosts, hostPort{fb.Host, fb.Port}) {
+			hosts = append(hosts, hostPort{fb.Host, fb.Port})
+		}
+	}
+	if len(hosts) < 2 {
+		return nil
+	}
+	return hosts
 }
 
 func toSet(list []string) map[string]bool {
