@@ -30,6 +30,11 @@ type backend struct {
 
 	major int // server major version; 0 when unknown
 
+	// peek sees, without waiting, whether the server has ended the
+	// (idle) connection; nil when it cannot (no wire layer, a test's
+	// wrapper, a platform without it).
+	peek *sockPeek
+
 	// txOpen tracks a database/sql transaction for test doubles, which
 	// cannot report the server's transaction status (the routing-decision
 	// tests run with read_your_writes=off and need nothing else of them).
@@ -42,6 +47,9 @@ func newBackend(dc driver.Conn, n *node) *backend {
 		b.pg = sc.Conn().PgConn()
 		b.major = majorVersion(b.pg.ParameterStatus("server_version"))
 		b.wire, _ = b.pg.Conn().(*wire.Conn)
+		if b.wire != nil && n.index < 0 {
+			b.peek = newSockPeek(b.wire.Conn)
+		}
 		// Servers ≥ 14 report in_hot_standby; a replica entry that points at
 		// a primary is caught here for free.
 		if n.index >= 0 && b.pg.ParameterStatus("in_hot_standby") == "off" {
@@ -63,6 +71,13 @@ func majorVersion(v string) int {
 
 func (b *backend) closed() bool {
 	return b.pg != nil && b.pg.IsClosed()
+}
+
+// gone reports, without waiting, that the server has ended this idle
+// connection (it died, was shut down or killed the session): nothing sent
+// on it could run.
+func (b *backend) gone() bool {
+	return b.peek != nil && b.peek.gone()
 }
 
 // idle reports whether no transaction is open on the server connection.
