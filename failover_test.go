@@ -361,3 +361,36 @@ func TestDownReplicaBackoff(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkIdlePeek is what Conn.ResetSession adds each time database/sql
+// hands out a pooled connection: one non-blocking peek at the writer
+// connection's socket. It allocates nothing.
+func BenchmarkIdlePeek(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			defer c.Close()
+			io.Copy(io.Discard, c)
+		}
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	p := newSockPeek(nc)
+	if p == nil {
+		b.Skip("no socket peek on this platform")
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if p.gone() {
+			b.Fatal("a live connection looks gone")
+		}
+	}
+}
