@@ -1,9 +1,11 @@
 package pgryw_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
@@ -56,6 +58,8 @@ func TestIntegrationWriterFailover(t *testing.T) {
 	// second lists both nodes as replicas too.
 	dbP, cP := openDSN(t, multi+"&replicas="+newWriter.Addr())
 	dbS, cS := openDSN(t, multi+"&replicas="+oldWriter.Addr()+","+newWriter.Addr()+"&session_scope=conn")
+	logs := &syncBuffer{}
+	cP.SetLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	// A pool that sits idle through the failover: its connections to the
 	// old writer are found dead when it is next used, before anything is
 	// sent on them.
@@ -204,6 +208,34 @@ func TestIntegrationWriterFailover(t *testing.T) {
 	t.Logf("stats, session_scope=conn pool: %+v", cS.Stats())
 
 	h.check(t, ctx, dbP, tPromoted)
+	text := logs.String()
+	for _, want := range []string{
+		`level=WARN msg="pgryw: the writer changed`,
+		`level=WARN msg="pgryw: node is not in recovery (the writer, or promoted): no reads go to it" node=` + newWriter.Addr(),
+		`level=INFO msg="pgryw: node is a standby again: reads may go to it" node=` + oldWriter.Addr(),
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no log line %s; the log:\n%s", want, text)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes (a log).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // foOp is one write or read of the failover workload.

@@ -6,7 +6,9 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -272,11 +274,13 @@ func TestDownReplicaBackoff(t *testing.T) {
 		t.Run("extra="+extra, func(t *testing.T) {
 			writer, replica := fakeNodes(t)
 			proxy := startToggleProxy(t, replica.Addr())
-			cfg, err := ParseDSN(fmt.Sprintf("host=%s port=%d user=app dbname=app sslmode=disable connect_timeout=2 replicas=%s %s",
+			cfg, err := ParseDSN(fmt.Sprintf("host=%s port=%d user=app password=hunter2 dbname=app sslmode=disable connect_timeout=2 replicas=%s %s",
 				writer.Host(), writer.Port(), proxy.ln.Addr(), extra))
 			if err != nil {
 				t.Fatal(err)
 			}
+			logs := &captureLogs{}
+			cfg.Logger = slog.New(logs)
 			c, err := newConnector(cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -358,8 +362,61 @@ func TestDownReplicaBackoff(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 			t.Logf("reads back on the replica %v after it answered again", time.Since(back).Round(time.Millisecond))
+
+			// The monitor logged the node leaving reads and coming back,
+			// naming it and never the password.
+			addr := proxy.ln.Addr().String()
+			var sawDown, sawBack bool
+			for _, r := range logs.all() {
+				if strings.Contains(r.text, "hunter2") {
+					t.Errorf("a log line holds the password: %s", r.text)
+				}
+				if !strings.Contains(r.text, addr) {
+					continue
+				}
+				sawDown = sawDown || r.level == slog.LevelWarn && strings.Contains(r.text, "node down")
+				sawBack = sawBack || r.level == slog.LevelInfo && strings.Contains(r.text, "node answers again")
+			}
+			if !sawDown || !sawBack {
+				t.Errorf("logged node down at Warn: %v, back at Info: %v; lines: %v", sawDown, sawBack, logs.all())
+			}
 		})
 	}
+}
+
+// captureLogs is a slog.Handler that keeps every record as text.
+type captureLogs struct {
+	mu   sync.Mutex
+	recs []logRec
+}
+
+type logRec struct {
+	level slog.Level
+	text  string
+}
+
+func (h *captureLogs) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *captureLogs) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	h.mu.Lock()
+	h.recs = append(h.recs, logRec{r.Level, b.String()})
+	h.mu.Unlock()
+	return nil
+}
+
+func (h *captureLogs) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *captureLogs) WithGroup(string) slog.Handler      { return h }
+
+func (h *captureLogs) all() []logRec {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]logRec(nil), h.recs...)
 }
 
 // BenchmarkIdlePeek is what Conn.ResetSession adds each time database/sql
