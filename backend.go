@@ -27,6 +27,7 @@ type backend struct {
 	// Names of pgryw's statements prepared on this connection.
 	prepared map[string]bool
 	node     *node
+	ups      uint32 // node.ups when the connection was opened
 
 	major int // server major version; 0 when unknown
 
@@ -42,7 +43,7 @@ type backend struct {
 }
 
 func newBackend(dc driver.Conn, n *node) *backend {
-	b := &backend{conn: dc, node: n}
+	b := &backend{conn: dc, node: n, ups: n.ups.Load()}
 	if sc, ok := dc.(*stdlib.Conn); ok {
 		b.pg = sc.Conn().PgConn()
 		b.major = majorVersion(b.pg.ParameterStatus("server_version"))

@@ -307,7 +307,7 @@ func TestDownReplicaBackoff(t *testing.T) {
 			}
 			db := sql.OpenDB(c)
 			defer db.Close()
-			db.SetMaxOpenConns(1)
+			db.SetMaxOpenConns(2)
 			read := func() string {
 				t.Helper()
 				var v string
@@ -316,8 +316,20 @@ func TestDownReplicaBackoff(t *testing.T) {
 				}
 				return v
 			}
-			if v := read(); v != "replica" {
-				t.Fatalf("the first read was served by the %s", v)
+			// held keeps a replica connection that is idle while the
+			// replica is down, and dies with it.
+			held, err := db.Conn(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Close()
+			for _, q := range []interface {
+				QueryRowContext(context.Context, string, ...any) *sql.Row
+			}{held, db} {
+				var v string
+				if err := q.QueryRowContext(context.Background(), backoffRead).Scan(&v); err != nil || v != "replica" {
+					t.Fatalf("the first read was served by the %s (%v)", v, err)
+				}
 			}
 
 			mu.Lock()
@@ -362,6 +374,17 @@ func TestDownReplicaBackoff(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 			t.Logf("reads back on the replica %v after it answered again", time.Since(back).Round(time.Millisecond))
+			// The held connection's replica connection died while the
+			// replica was down: it is replaced, not tried (which would
+			// fail, and take the replica out of reads again).
+			fails := c.topo.replicas[0].fails.Load()
+			var v string
+			if err := held.QueryRowContext(context.Background(), backoffRead).Scan(&v); err != nil || v != "replica" {
+				t.Errorf("read on a connection idle through the outage: served by the %s (%v)", v, err)
+			}
+			if n := c.topo.replicas[0]; n.down.Load() || n.fails.Load() > fails {
+				t.Errorf("the replica failed again (down %v, failures %d, were %d)", n.down.Load(), n.fails.Load(), fails)
+			}
 
 			// The monitor logged the node leaving reads and coming back,
 			// naming it and never the password.

@@ -32,6 +32,9 @@ type node struct {
 	down    atomic.Bool
 	fails   atomic.Int32 // failures in a row, for the probe backoff
 	retryAt atomic.Int64 // unix nanos; when the monitor probes a down node next
+	// ups counts the node's returns from down: a connection opened before
+	// the last one most likely died with the server (see Conn.replica).
+	ups atomic.Uint32
 }
 
 // A failed node is probed after probeBackoffMin, and after each failure in a
@@ -98,6 +101,7 @@ func (n *node) probeFailed() {
 // while up has its count cleared. It reports whether n was down.
 func (n *node) probeAnswered() bool {
 	if n.down.Load() {
+		n.ups.Add(1)
 		n.down.Store(false)
 		return true
 	}
