@@ -17,10 +17,10 @@ func TestHistoryRing(t *testing.T) {
 		t.Fatal("empty history answered")
 	}
 	// Positions only rise: a lower or equal one is ignored.
-	h.add(100, 1000)
-	h.add(100, 1001)
-	h.add(90, 1002)
-	h.add(200, 2000)
+	h.add(100, 1000, 1)
+	h.add(100, 1001, 1)
+	h.add(90, 1002, 1)
+	h.add(200, 2000, 1)
 	for _, c := range []struct {
 		l      lsn.LSN
 		strict bool
@@ -43,7 +43,7 @@ func TestHistoryRing(t *testing.T) {
 	// Past its size the ring forgets the oldest entries and stays sorted.
 	var r history
 	for i := 1; i <= historySize+50; i++ {
-		r.add(lsn.LSN(i*10), int64(i))
+		r.add(lsn.LSN(i*10), int64(i), 1)
 	}
 	if r.n != historySize {
 		t.Fatalf("%d entries, want %d", r.n, historySize)
@@ -66,8 +66,8 @@ func TestLagAndETA(t *testing.T) {
 	n := &node{index: 0}
 	now := time.Now().UnixNano()
 	ms := int64(time.Millisecond)
-	topo.hist.add(100, now-50*ms)
-	topo.hist.add(200, now-20*ms)
+	topo.hist.add(100, now-50*ms, 1)
+	topo.hist.add(200, now-20*ms, 1)
 	// The replica is seen at 100 now; the primary was past 100 (at 200) 20 ms
 	// ago: it is at least 20 ms behind.
 	topo.observe(n, 100, now)
@@ -149,7 +149,7 @@ func TestPickReplica(t *testing.T) {
 	// marked hopeless.
 	topo = mk(100, 150)
 	now := time.Now().UnixNano()
-	topo.hist.add(500, now-time.Millisecond.Nanoseconds())
+	topo.hist.add(500, now-time.Millisecond.Nanoseconds(), 1)
 	for _, n := range topo.replicas {
 		n.setLag(int64(10*time.Second), now)
 	}
@@ -179,17 +179,22 @@ func TestAdjustInsertLSN(t *testing.T) {
 }
 
 func TestParseCapture(t *testing.T) {
-	l, err := parseCapture([]string{"0/3002018", "8192"})
-	if err != nil || l != 0x3002000 {
-		t.Fatalf("parseCapture = %v, %v", l, err)
+	p, err := parseCapture([]string{"0/3002018", "8192", "000000020000000000000003"})
+	if err != nil || p != (primaryPos{lsn: 0x3002000, tli: 2}) {
+		t.Fatalf("parseCapture = %+v, %v", p, err)
 	}
 	for _, row := range [][]string{
 		{"0/3000100"},
+		{"0/3000100", "8192"},
 		{"0/3000100", "8192", "x"},
-		{"nope", "8192"},
-		{"0/3000100", "0"},
-		{"0/3000100", "-1"},
-		{"0/3000100", "8k"},
+		{"nope", "8192", "000000010000000000000003"},
+		{"0/3000100", "0", "000000010000000000000003"},
+		{"0/3000100", "-1", "000000010000000000000003"},
+		{"0/3000100", "8k", "000000010000000000000003"},
+		{"0/3000100", "8192", "000000000000000000000003"}, // timeline 0
+		{"0/3000100", "8192", "00000001000000000000003"},  // 23 digits
+		{"0/3000100", "8192", "0000000a0000000000000003"}, // lower case
+		{"0/3000100", "8192", "+00000010000000000000003"},
 	} {
 		if _, err := parseCapture(row); err == nil {
 			t.Errorf("parseCapture(%q) accepted", row)

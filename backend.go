@@ -33,8 +33,14 @@ type backend struct {
 	prepared map[string]bool
 	prepGen  int
 	node     *node
+	ups      uint32 // node.ups when the connection was opened
 
 	major int // server major version; 0 when unknown
+
+	// peek sees, without waiting, whether the server has ended the
+	// (idle) connection; nil when it cannot (no wire layer, a test's
+	// wrapper, a platform without it).
+	peek *sockPeek
 
 	// txOpen tracks a database/sql transaction for test doubles, which
 	// cannot report the server's transaction status (the routing-decision
@@ -43,11 +49,14 @@ type backend struct {
 }
 
 func newBackend(dc driver.Conn, n *node) *backend {
-	b := &backend{conn: dc, node: n}
+	b := &backend{conn: dc, node: n, ups: n.ups.Load()}
 	if sc, ok := dc.(*stdlib.Conn); ok {
 		b.pg = sc.Conn().PgConn()
 		b.major = majorVersion(b.pg.ParameterStatus("server_version"))
 		b.wire, _ = b.pg.Conn().(*wire.Conn)
+		if b.wire != nil && n.index < 0 {
+			b.peek = newSockPeek(b.wire.Conn)
+		}
 		// Servers ≥ 14 report in_hot_standby; a replica entry that points at
 		// a primary is caught here for free.
 		if n.index >= 0 && b.pg.ParameterStatus("in_hot_standby") == "off" {
@@ -69,6 +78,13 @@ func majorVersion(v string) int {
 
 func (b *backend) closed() bool {
 	return b.pg != nil && b.pg.IsClosed()
+}
+
+// gone reports, without waiting, that the server has ended this idle
+// connection (it died, was shut down or killed the session): nothing sent
+// on it could run.
+func (b *backend) gone() bool {
+	return b.peek != nil && b.peek.gone()
 }
 
 // idle reports whether no transaction is open on the server connection.

@@ -3,7 +3,6 @@ package pgryw
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -188,29 +187,29 @@ func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 // settleCapture reads the answer to a ride-along capture, within the
 // caller's context. If the answer cannot be read the connection is out of
 // step with the server and is closed (database/sql then discards it).
-func (cn *Conn) settleCapture(ctx context.Context, b *backend, inj *wire.Injection) (lsn.LSN, bool) {
+func (cn *Conn) settleCapture(ctx context.Context, b *backend, inj *wire.Injection) (primaryPos, bool) {
 	if inj == nil {
-		return 0, false
+		return primaryPos{}, false
 	}
 	b.wire.Disarm()
 	if !cn.await(ctx, b, inj) {
-		return 0, false
+		return primaryPos{}, false
 	}
 	if err := inj.Err(); err != nil {
 		b.injectionFailed(stmtCapture, err)
 		cn.c.stats.captureFailures.Add(1)
-		return 0, false
+		return primaryPos{}, false
 	}
 	row, null := inj.Row()
-	if len(row) != 2 || null[0] {
-		return 0, false
+	if len(row) != 3 || null[0] {
+		return primaryPos{}, false
 	}
-	l, err := parseCapture(row)
+	p, err := parseCapture(row)
 	if err != nil {
-		return 0, false
+		return primaryPos{}, false
 	}
 	cn.c.stats.captures.Add(1)
-	return l, true
+	return p, true
 }
 
 // await waits, within ctx, for the rest of a ride-along statement's answer
@@ -235,14 +234,14 @@ func (cn *Conn) await(ctx context.Context, b *backend, inj *wire.Injection) bool
 // cannot, the position is marked lost.
 func (cn *Conn) captureNow(ctx context.Context) {
 	seen := cn.lostSeen(ctx)
-	l, err := capture(ctx, cn.primary)
+	p, err := capture(ctx, cn.primary)
 	if err != nil {
 		cn.c.stats.captureFailures.Add(1)
 		cn.markLost(ctx, true)
 		return
 	}
 	cn.c.stats.captures.Add(1)
-	cn.advance(ctx, l, seen)
+	cn.advance(ctx, p, seen)
 }
 
 // markLost records a position that could not be read: a possible commit's
@@ -260,25 +259,31 @@ func (cn *Conn) markLost(ctx context.Context, commit bool) {
 
 // advance raises the watermarks this connection answers to after a possible
 // commit, records the primary's position for lag estimates, and marks the
-// losses seen before the capture was sent as covered.
-func (cn *Conn) advance(ctx context.Context, l lsn.LSN, seen lostSeen) {
-	cn.raiseConn(l, seen)
+// losses seen before the capture was sent as covered. A position read on a
+// writer that has since been replaced raises this connection's watermark
+// alone (see sawPrimary).
+func (cn *Conn) advance(ctx context.Context, p primaryPos, seen lostSeen) {
+	if !cn.raiseConn(p, seen) {
+		return
+	}
 	if cn.c.cfg.SessionScope == ScopeDB {
-		cn.c.db.wm.Advance(l)
+		cn.c.db.wm.Advance(p.lsn)
 		cn.c.db.cover(seen.db)
 	}
 	if cs := SessionFrom(ctx); cs != nil {
-		cs.advanceAt(cn.c.generationOf(ctx, cn.primary), l)
+		cs.advanceAt(cn.c.genAt(ctx, cn.primary, p.tli), p.lsn)
 		cs.cover(seen.ctx)
 	}
 }
 
 // raiseConn raises this connection's watermark alone to a primary position
-// read after a statement that committed nothing.
-func (cn *Conn) raiseConn(l lsn.LSN, seen lostSeen) {
-	cn.c.topo.hist.add(l, time.Now().UnixNano())
-	cn.sess.wm.Advance(l)
+// read after a statement that committed nothing, and reports whether the
+// position is of the current writer's history.
+func (cn *Conn) raiseConn(p primaryPos, seen lostSeen) bool {
+	current := cn.c.sawPrimary(p)
+	cn.sess.wm.Advance(p.lsn)
 	cn.sess.cover(seen.conn)
+	return current
 }
 
 // watermark returns the position a replica read must see: this
@@ -317,24 +322,29 @@ func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
 	beyond := csPos > 0 && !foreign && !cs.signed() && csPos > cn.c.topo.hist.latest()
 	if connLost || dbLost || csLost || foreign || beyond {
 		seen := cn.lostSeen(ctx)
-		l, err := capture(ctx, cn.primary)
+		p, err := capture(ctx, cn.primary)
 		if err != nil {
 			cn.c.stats.captureFailures.Add(1)
 			return 0, err
 		}
 		cn.c.stats.captures.Add(1)
+		if csPos > 0 {
+			// The capture may be the first position of a new writer.
+			gen = cn.c.genAt(ctx, cn.primary, p.tli)
+			foreign = csGen != gen && !newer(csGen, gen)
+		}
 		switch {
 		case foreign:
 			cn.c.stats.tokensRebased.Add(1)
-			cs.rebase(gen, l)
-		case beyond && csPos > l:
+			cs.rebase(gen, p.lsn)
+		case beyond && csPos > p.lsn:
 			cn.c.stats.tokensClamped.Add(1)
-			cs.rebase(gen, l)
+			cs.rebase(gen, p.lsn)
 		}
 		if dbLost || csLost {
-			cn.advance(ctx, l, seen)
+			cn.advance(ctx, p, seen)
 		} else {
-			cn.raiseConn(l, seen)
+			cn.raiseConn(p, seen)
 		}
 	}
 	wm := cn.sess.wm.Load()

@@ -3,7 +3,10 @@ package pgryw
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
 	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
@@ -85,13 +88,19 @@ func (cn *Conn) Ping(ctx context.Context) error {
 
 // ResetSession implements driver.SessionResetter. It checks the primary
 // connection (replica connections are checked when a read uses them) and
-// drops replica connections that have failed.
+// drops replica connections that have failed. A primary connection the
+// server has ended while it sat in the pool (the writer died or was shut
+// down, as in a failover) is reported bad before anything is sent on it,
+// so database/sql takes another, which reaches the writer there is now.
 func (cn *Conn) ResetSession(ctx context.Context) error {
 	for i, b := range cn.replicas {
 		if b != nil && b.closed() {
 			b.close()
 			cn.replicas[i] = nil
 		}
+	}
+	if cn.primary.gone() {
+		return driver.ErrBadConn
 	}
 	if r, ok := cn.primary.conn.(driver.SessionResetter); ok {
 		if err := r.ResetSession(ctx); err != nil {
@@ -151,6 +160,9 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 	cn.afterPrimary(ctx, &ws, err)
 	cn.servedPrimary(ctx, &cls, ws.idleBefore, toReplica)
 	cn.releaseFallback()
+	if cn.lostRead(ctx, &cls, &ws, err) {
+		return nil, driver.ErrBadConn
+	}
 	return res, err
 }
 
@@ -200,6 +212,9 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 	if err != nil || ws.inj == nil && !ws.commits && !cn.fallbackHeld {
 		cn.afterPrimary(ctx, &ws, err)
 		cn.releaseFallback()
+		if cn.lostRead(ctx, &cls, &ws, err) {
+			return nil, driver.ErrBadConn
+		}
 		return rows, err
 	}
 	// The statement's outcome (an autocommit INSERT … RETURNING commits
@@ -216,6 +231,25 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 // once, where plain pgx would fail the statement once.
 func (cn *Conn) staleRead(cls *sqlclass.Result, ws *primaryStmt, err error) bool {
 	return err != nil && ws.idleBefore && cn.primary.idle() && cn.c.readOnly(cls) && isStaleDescription(err)
+}
+
+// lostRead reports that a read run on the primary outside a transaction
+// block failed because the connection did (it broke, or the server ended
+// the session: a shutdown, a crash, a failover), before any row reached the
+// caller (pgx reads the first row before returning). A read is safe to run
+// again: returned as driver.ErrBadConn, database/sql runs it on another
+// connection, within the caller's context, which reaches whichever writer
+// (or replica) there is now. Not on a connection pinned by session state,
+// which the next connection would not have.
+func (cn *Conn) lostRead(ctx context.Context, cls *sqlclass.Result, ws *primaryStmt, err error) bool {
+	if err == nil || !ws.idleBefore || cn.pins != 0 || cls.Pin || ctx.Err() != nil || !cn.primary.closed() || !cn.c.readOnly(cls) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return connFault(pgErr)
+	}
+	return true
 }
 
 // routeReplica decides, outside any transaction, whether a statement goes to

@@ -71,4 +71,16 @@
 // separate modules github.com/pgryw/pgryw/otel and
 // github.com/pgryw/pgryw/prometheus export them to OpenTelemetry spans and
 // to Prometheus.
+//
+// # Writer failover
+//
+// The primary's connection string may name several hosts (pgx's multi-host
+// form, with target_session_attrs=read-write): pgx connects to the one that
+// accepts writes, and with replicas set each of them serves reads while it
+// is a standby. Positions carry the writer's timeline, so when a promoted
+// standby takes over, watermarks of the old history move to the new
+// writer's position: reads see every write of their session that the new
+// writer has, and wait for nothing the new history may never reach. A
+// failed replica is out of reads until the background monitor's probe,
+// sent after an exponential backoff, gets an answer.
 package pgryw

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -81,8 +82,10 @@ type Connector struct {
 	log      atomic.Pointer[slog.Logger]
 	obs      connObs // the pool-wide served-by hook (observe.go)
 	mon      monitor
-	gen      atomic.Pointer[generation] // the primary's, once known
-	genTried atomic.Bool
+	sysID    atomic.Uint64 // the primary's system identifier, once read; 0: unknown
+	sysTried atomic.Bool   // the server refused to say: not asked again
+	tli      atomic.Uint32 // the current writer's timeline (see sawPrimary); 0 until known
+	genMu    sync.Mutex    // serializes changes of tli
 
 	// dial opens a backend connection; replaced by unit tests to put
 	// go-sqlmock connections in place of servers.
@@ -117,15 +120,29 @@ func newConnector(cfg *Config) (*Connector, error) {
 		writeFuncs: toSet(cfg.WriteFunctions),
 	}
 	c.topo.primary = &node{index: -1, addr: fmt.Sprintf("%s:%d", wc.Host, wc.Port), host: wc.Host, port: wc.Port}
-	for i, r := range cfg.Replicas {
+	addNode := func(host string, port uint16, candidate bool) {
+		rc := replicaConfig(wc, host, port)
+		c.wireUp(rc)
+		c.replicas = append(c.replicas, stdlib.GetConnector(*rc))
+		c.topo.replicas = append(c.topo.replicas, &node{index: len(c.topo.replicas), addr: fmt.Sprintf("%s:%d", host, port),
+			host: host, port: port, candidate: candidate})
+	}
+	for _, r := range cfg.Replicas {
 		host, port, err := splitHostPort(r, wc.Port)
 		if err != nil {
 			return nil, badValue("replicas", r, err.Error())
 		}
-		rc := replicaConfig(wc, host, port)
-		c.wireUp(rc)
-		c.replicas = append(c.replicas, stdlib.GetConnector(*rc))
-		c.topo.replicas = append(c.topo.replicas, &node{index: i, addr: fmt.Sprintf("%s:%d", host, port), host: host, port: port})
+		addNode(host, port, false)
+	}
+	if !c.plain {
+		// A writer named by several hosts fails over among them: each is
+		// also a replica while it is a standby (the monitor tells), and a
+		// former writer that comes back as a standby serves reads again.
+		for _, hp := range writerHosts(wc) {
+			if !slices.ContainsFunc(c.topo.replicas, func(n *node) bool { return n.port == hp.port && strings.EqualFold(n.host, hp.host) }) {
+				addNode(hp.host, hp.port, true)
+			}
+		}
 	}
 	if !c.plain {
 		c.wireUp(wc)
@@ -154,6 +171,27 @@ func (c *Connector) wireUp(cc *pgx.ConnConfig) {
 		}
 		return wire.Wrap(nc), nil
 	}
+}
+
+type hostPort struct {
+	host string
+	port uint16
+}
+
+// writerHosts returns the writer's hosts when the DSN names more than one
+// (pgx's multi-host form, with target_session_attrs choosing among them), in
+// order, each once; nil for a single host.
+func writerHosts(wc *pgx.ConnConfig) []hostPort {
+	hosts := []hostPort{{wc.Host, wc.Port}}
+	for _, fb := range wc.Fallbacks {
+		if !slices.Contains(hosts, hostPort{fb.Host, fb.Port}) {
+			hosts = append(hosts, hostPort{fb.Host, fb.Port})
+		}
+	}
+	if len(hosts) < 2 {
+		return nil
+	}
+	return hosts
 }
 
 func toSet(list []string) map[string]bool {
@@ -276,36 +314,41 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 // timeline as the first eight hex digits of the current WAL file's name.
 const sqlGeneration = "SELECT s.system_identifier::text, pg_walfile_name(pg_current_wal_insert_lsn()) FROM pg_control_system() s"
 
-// generationOf returns the primary's generation, reading it on b (idle on
-// the primary) the first time a Session needs it: one round trip per
-// connector, paid only by applications that use Sessions. A server that
+// generationOf returns the current writer's generation: its system
+// identifier, read on b (idle on the primary) the first time a Session
+// needs it (one round trip per connector, paid only by applications that
+// use Sessions; a failover keeps the system identifier), and the timeline of
+// the latest position read on the writer (see sawPrimary). A server that
 // refuses the query (pg_control_system may be restricted) is not asked
-// again; Session positions then carry no generation, and tokens of any
+// again; Session positions then carry the timeline alone. Until the system
+// identifier is known they carry no generation, and tokens of any
 // generation are taken as this one's.
 func (c *Connector) generationOf(ctx context.Context, b *backend) generation {
-	if g := c.gen.Load(); g != nil {
-		return *g
+	if sys := c.sysID.Load(); sys != 0 || c.sysTried.Load() {
+		return generation{system: sys, timeline: c.tli.Load()}
 	}
-	if c.genTried.Load() || b.pg == nil {
+	if b.pg == nil {
 		return generation{}
 	}
 	row, _, err := b.control(ctx, sqlGeneration)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		c.genTried.Store(true)
+		c.sysTried.Store(true)
+		return generation{timeline: c.tli.Load()}
 	}
-	if err != nil || len(row) != 2 || len(row[1]) < 8 {
+	if err != nil || len(row) != 2 {
 		return generation{}
 	}
-	sys, err1 := strconv.ParseUint(row[0], 10, 64)
-	tli, err2 := strconv.ParseUint(row[1][:8], 16, 32)
-	if err1 != nil || err2 != nil {
-		c.genTried.Store(true)
-		return generation{}
+	sys, err := strconv.ParseUint(row[0], 10, 64)
+	tli, ok := walFileTimeline(row[1])
+	if err != nil || !ok || sys == 0 {
+		c.sysTried.Store(true)
+		return generation{timeline: c.tli.Load()}
 	}
-	g := generation{system: sys, timeline: uint32(tli)}
-	c.gen.Store(&g)
-	return g
+	c.sysID.Store(sys)
+	// Before any position was read, this is the current writer's timeline.
+	c.tli.CompareAndSwap(0, tli)
+	return generation{system: sys, timeline: c.tli.Load()}
 }
 
 // Driver implements driver.Connector.
@@ -355,6 +398,7 @@ type counters struct {
 	pinned                                                          atomic.Int64
 	pinnedBy                                                        [numPinReasons]atomic.Int64
 	fallbackWaits, fallbacksRefused, waitsRefused                   atomic.Int64
+	writerChanges                                                   atomic.Int64 // new timelines seen after the first
 }
 
 // Stats returns the connector's counters.

@@ -117,6 +117,17 @@ func isStaleDescription(err error) bool {
 	return errors.As(err, &e) && e.Code == sqlstateFeatureNotSupported && strings.Contains(e.Message, "cached plan must not change result type")
 }
 
+// connFault reports a server error that ends the session rather than the
+// statement: connection exceptions (08) and shutdown, crash and startup
+// (57P01-57P03).
+func connFault(e *pgconn.PgError) bool {
+	switch e.Code {
+	case sqlstateAdminShutdown, sqlstateCrashShutdown, sqlstateCannotConnect:
+		return true
+	}
+	return strings.HasPrefix(e.Code, sqlstateClassConnection)
+}
+
 // replicaFault reports a server error that says the replica, not the
 // statement, failed: connection exceptions (08), shutdown and startup
 // (57P01-57P03), and recovery conflicts, which a standby reports as

@@ -7,16 +7,23 @@ import (
 	"time"
 )
 
-// The monitor polls every replica's replay position in the background, so
-// that reads find replicas already known to be caught up (and skip their
+// The monitor watches every replica in the background, one goroutine per
+// node. With read_your_writes on it polls each replica's replay position,
+// so that reads find replicas already known to be caught up (and skip their
 // check), replicas known to be hopelessly behind are not waited on, and a
-// replica that was down is tried again once it answers. It holds one
-// connection per replica and sends one small query to each per interval;
-// it starts with the pool's first connection and stops when the pool is
-// closed (database/sql calls Connector.Close from DB.Close).
+// promoted replica (or the writer, among the writer's candidate hosts) is
+// seen not to be in recovery; it holds one connection per node and sends one
+// small query to each per interval (per notStandbyInterval to a node that
+// is not a standby, which may become one again). With read_your_writes off
+// it sends nothing to a healthy replica. Either way it probes a node that
+// failed (see node.markDown), after an exponential backoff, and brings it
+// back into reads when it answers: reads never connect to a node known to be
+// down. It starts with the pool's first connection and stops when the pool
+// is closed (database/sql calls Connector.Close from DB.Close).
 const (
-	monitorInterval = 100 * time.Millisecond
-	monitorTimeout  = time.Second
+	monitorInterval    = 100 * time.Millisecond
+	notStandbyInterval = time.Second
+	monitorTimeout     = time.Second
 )
 
 type monitor struct {
@@ -29,7 +36,7 @@ type monitor struct {
 
 // startMonitor starts the monitor once, if there is anything to monitor.
 func (c *Connector) startMonitor() {
-	if c.plain || !c.cfg.ReadYourWrites && !c.topo.lag.on {
+	if c.plain {
 		return
 	}
 	c.mon.once.Do(func() {
@@ -61,41 +68,80 @@ func (c *Connector) Close() error {
 	return nil
 }
 
+// probeKey marks the monitor's contexts (tests tell its connections from
+// reads' by it).
+type probeKey struct{}
+
 func (c *Connector) runMonitor(ctx context.Context) {
 	defer close(c.mon.done)
 	defer c.startSampler(ctx)() // max_replica_lag's primary sampler, stopped with the monitor
-	conns := make([]*backend, len(c.topo.replicas))
+	ctx = context.WithValue(ctx, probeKey{}, true)
+	var wg sync.WaitGroup
+	for _, n := range c.topo.replicas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.watch(ctx, n)
+		}()
+	}
+	wg.Wait()
+}
+
+// watch probes one node whenever it is due, until ctx ends, and logs what
+// changed about it.
+func (c *Connector) watch(ctx context.Context, n *node) {
+	var b *backend
 	defer func() {
-		for _, b := range conns {
-			if b != nil {
-				b.close()
-			}
+		if b != nil {
+			b.close()
 		}
 	}()
-	t := time.NewTicker(monitorInterval)
+	var last time.Time // the last probe
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		for i, n := range c.topo.replicas {
-			conns[i] = c.probe(ctx, n, conns[i])
-			c.noteHealth(n)
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		now := time.Now()
+		next := monitorInterval
+		switch {
+		case n.down.Load():
+			if wait := time.Duration(n.retryAt.Load() - now.UnixNano()); wait > 0 {
+				next = min(wait, monitorInterval)
+				break
+			}
+			b, last = c.probe(ctx, n, b), now
+		case !c.cfg.ReadYourWrites && !c.topo.lag.on && !n.notStandby.Load():
+			// read_your_writes=off without max_replica_lag: nothing of
+			// pgryw's goes to a healthy replica.
+			if b != nil {
+				b.close()
+				b = nil
+			}
+		case n.notStandby.Load() && now.Sub(last) < notStandbyInterval:
+		default:
+			b, last = c.probe(ctx, n, b), now
+		}
+		c.noteHealth(n)
+		t.Reset(next)
 	}
 }
 
-// probe polls one replica and returns the connection to keep for next time.
+// probe polls one node and returns the connection to keep for next time.
 func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 	ctx, cancel := context.WithTimeout(ctx, monitorTimeout)
 	defer cancel()
 	if b == nil || b.closed() {
+		if b != nil {
+			b.close()
+		}
 		dc, err := c.dial(ctx, n)
 		if err != nil {
 			if !errors.Is(ctx.Err(), context.Canceled) { // not the monitor stopping
-				n.markDown()
+				n.probeFailed()
 			}
 			return nil
 		}
@@ -105,13 +151,17 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 	if err != nil {
 		if isRefusal(err) {
 			// The session's defaults (SERIALIZABLE) cannot run there.
+			n.probeAnswered()
 			n.markRefused()
 			return b
 		}
 		b.close()
-		n.markDown()
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			n.probeFailed()
+		}
 		return nil
 	}
+	n.probeAnswered()
 	n.downUntil.Store(0)
 	l, known, inRecovery, err := parsePoll(row, null)
 	if err != nil || !inRecovery {

@@ -17,20 +17,47 @@ type node struct {
 	addr  string
 	host  string
 	port  uint16
+	// candidate: one of the writer's hosts in the DSN, tried as a replica
+	// while it is a standby (and perhaps never listed in replicas).
+	candidate bool
 
 	replay     atomic.Uint64 // highest replay LSN seen on this node
-	downUntil  atomic.Int64  // unix nanos; connect or query failure backoff
-	notStandby atomic.Bool   // reported not in recovery: promoted, or never a standby
+	downUntil  atomic.Int64  // unix nanos; out of reads until then (refused the session's defaults)
+	notStandby atomic.Bool   // reported not in recovery: promoted, or the writer
 	lag        atomic.Int64  // lower bound on replay lag, ns (see history)
 	lagAt      atomic.Int64  // when lag was measured, unix ns; 0 = never
 	waits      atomic.Int64  // reads waiting on this replica (max_waits, overload.go)
 
 	obs nodeObs // counters and last noted state (stats.go)
+
+	// down: a connection or a query failed; out of reads until the
+	// monitor's probe answers (reads never connect to a node known down).
+	down    atomic.Bool
+	fails   atomic.Int32 // failures in a row, for the probe backoff
+	retryAt atomic.Int64 // unix nanos; when the monitor probes a down node next
+	// ups counts the node's returns from down: a connection opened before
+	// the last one most likely died with the server (see Conn.replica).
+	ups atomic.Uint32
 }
 
-// nodeBackoff is how long a replica that failed is left alone before the next
-// read tries it again.
-const nodeBackoff = time.Second
+// A failed node is probed after probeBackoffMin, and after each failure in a
+// row twice as long as before, up to probeBackoffMax: a node that is down for
+// good costs a connection attempt every few seconds, and one that comes back
+// serves reads at most probeBackoffMax later.
+const (
+	probeBackoffMin = 100 * time.Millisecond
+	probeBackoffMax = 5 * time.Second
+)
+
+// probeBackoff is how long a node that failed k times in a row (k ≥ 1)
+// waits for its next probe.
+func probeBackoff(k int32) time.Duration {
+	d := probeBackoffMin
+	for i := int32(1); i < k && d < probeBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, probeBackoffMax)
+}
 
 // knownReplay returns the highest replay position seen on n.
 func (n *node) knownReplay() lsn.LSN { return lsn.LSN(n.replay.Load()) }
@@ -46,11 +73,45 @@ func (n *node) sawReplay(l lsn.LSN) {
 }
 
 func (n *node) usable(now int64) bool {
-	return !n.notStandby.Load() && n.downUntil.Load() <= now
+	return !n.notStandby.Load() && !n.down.Load() && n.downUntil.Load() <= now
 }
 
+// markDown records that a read found n failing (it could not connect, or
+// its connection failed): n is out of reads until the monitor's probe
+// answers, which it sends after the backoff. Reads that fail together count
+// once.
 func (n *node) markDown() {
-	n.downUntil.Store(time.Now().Add(nodeBackoff).UnixNano())
+	if n.down.Load() {
+		return
+	}
+	n.retryAt.Store(time.Now().Add(probeBackoff(n.fails.Load() + 1)).UnixNano())
+	if n.down.CompareAndSwap(false, true) {
+		n.fails.Add(1)
+	}
+}
+
+// probeFailed records that the monitor's probe of n failed: the next one
+// waits twice as long as the last.
+func (n *node) probeFailed() {
+	k := n.fails.Add(1)
+	n.retryAt.Store(time.Now().Add(probeBackoff(k)).UnixNano())
+	n.down.Store(true)
+}
+
+// probeAnswered records that n answered the monitor's probe: a down node is
+// back in reads, keeping its count of failures (a node that answers probes
+// but fails every read is probed ever less often); a node that answers again
+// while up has its count cleared. It reports whether n was down.
+func (n *node) probeAnswered() bool {
+	if n.down.Load() {
+		n.ups.Add(1)
+		n.down.Store(false)
+		return true
+	}
+	if n.fails.Load() != 0 {
+		n.fails.Store(0)
+	}
+	return false
 }
 
 // topology holds every node of one connector.
@@ -118,6 +179,7 @@ func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) (best *n
 // process's clock; no server clocks are compared.
 type history struct {
 	mu   sync.Mutex
+	tli  uint32 // the timeline the entries are on
 	lsn  [historySize]uint64
 	at   [historySize]int64
 	n    int // entries used
@@ -126,10 +188,18 @@ type history struct {
 
 const historySize = 256
 
-// add records that the primary was at l at time t. Positions only rise.
-func (h *history) add(l lsn.LSN, t int64) {
+// add records that the primary was at l on timeline tli at time t. Positions
+// only rise within a timeline; a later timeline (a new writer) starts the
+// history afresh, and a position of an earlier one is ignored.
+func (h *history) add(l lsn.LSN, t int64, tli uint32) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	switch {
+	case tli > h.tli:
+		h.tli, h.n, h.head = tli, 0, 0
+	case tli < h.tli:
+		return
+	}
 	if h.n > 0 {
 		last := (h.head + h.n - 1) % historySize
 		if uint64(l) <= h.lsn[last] {

@@ -488,8 +488,10 @@ func (c *Connector) debugCtx(ctx context.Context) bool {
 }
 
 // noteHealth looks at n's state and, when it changed since it was last
-// looked at, logs the change: down, refusing and not a standby at Warn, up
-// at Info.
+// looked at, logs the change: down, refusing and not a standby at Warn
+// (a writer candidate first seen out of recovery at Info: most likely the
+// writer), up and a standby again at Info. It is the one place node state
+// changes are logged, whoever noticed them (a read, the monitor).
 func (c *Connector) noteHealth(n *node) {
 	h := n.health(time.Now().UnixNano())
 	old := Health(n.obs.health.Swap(uint32(h)))
@@ -501,16 +503,27 @@ func (c *Connector) noteHealth(n *node) {
 		role = RolePrimary
 	}
 	node, r := slog.String("node", n.addr), slog.String("role", role.String())
+	if n.candidate {
+		r = slog.String("role", "writer candidate")
+	}
 	switch h {
 	case HealthUp:
+		if old == HealthNotStandby {
+			c.logAt(slog.LevelInfo, "pgryw: node is a standby again: reads may go to it", node, r)
+			return
+		}
 		c.logAt(slog.LevelInfo, "pgryw: node up", node, r)
 	case HealthDown:
-		c.logAt(slog.LevelWarn, "pgryw: node down", node, r,
-			slog.Duration("retry_in", time.Duration(n.downUntil.Load()-time.Now().UnixNano()).Round(time.Millisecond)))
+		c.logAt(slog.LevelWarn, "pgryw: node down", node, r, slog.Int("failures", int(n.fails.Load())),
+			slog.Duration("retry_in", time.Duration(n.retryAt.Load()-time.Now().UnixNano()).Round(time.Millisecond)))
 	case HealthRefused:
 		c.logAt(slog.LevelWarn, "pgryw: node refuses the session's transactions (a SERIALIZABLE default on a standby?)", node, r,
 			slog.Duration("retry_in", time.Duration(n.downUntil.Load()-time.Now().UnixNano()).Round(time.Second)))
 	case HealthNotStandby:
-		c.logAt(slog.LevelWarn, "pgryw: node is not a standby (promoted?); reads leave it alone", node, r)
+		level := slog.LevelWarn
+		if old == HealthUnknown && n.candidate {
+			level = slog.LevelInfo // the writer, most likely
+		}
+		c.logAt(level, "pgryw: node is not in recovery (the writer, or promoted): no reads go to it", node, r)
 	}
 }

@@ -457,19 +457,19 @@ func TestLogLines(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"WARN pgryw: node down node=replica1.invalid:5433 role=replica retry_in=…",
+		"WARN pgryw: node down node=replica1.invalid:5433 role=replica failures=1 retry_in=…",
 		"DEBUG pgryw: replica could not serve the read as asked node=replica1.invalid:5433 reason=replica unreachable",
-		"WARN pgryw: node is not a standby (promoted?); reads leave it alone node=replica0.invalid:5433 role=replica",
+		"WARN pgryw: node is not in recovery (the writer, or promoted): no reads go to it node=replica0.invalid:5433 role=replica",
 		"DEBUG pgryw: replica could not serve the read as asked node=replica0.invalid:5433 reason=replica promoted",
 		"INFO pgryw: node up node=primary.invalid:5432 role=primary",
 		"DEBUG pgryw: statement routed node=primary.invalid:5432 role=primary route=fallback fallback=replica promoted",
 	}
 	got := h.take()
-	// The backoff left is a little under nodeBackoff.
+	// The backoff left is a little under the first probe backoff.
 	for i, line := range got {
 		if m := retryIn.FindStringSubmatch(line); m != nil {
-			if d, err := time.ParseDuration(m[1]); err != nil || d <= 0 || d > nodeBackoff {
-				t.Errorf("%q: retry_in out of (0, %v]", line, nodeBackoff)
+			if d, err := time.ParseDuration(m[1]); err != nil || d <= 0 || d > probeBackoff(1) {
+				t.Errorf("%q: retry_in out of (0, %v]", line, probeBackoff(1))
 			}
 			got[i] = retryIn.ReplaceAllString(line, "retry_in=…")
 		}
@@ -480,7 +480,7 @@ func TestLogLines(t *testing.T) {
 
 	// replica1 comes back once its backoff is over.
 	r1Fails = false
-	r1.downUntil.Store(0)
+	r1.probeAnswered()
 	mc.replicas[1].ExpectQuery(selectSQL).WithArgs(secret).WillReturnRows(valueRow(1))
 	mc.primary.ExpectExec(insertSQL).WithArgs(secret).WillReturnResult(sqlmock.NewResult(0, 1))
 	if err := mc.db.QueryRow(selectSQL, secret).Scan(&v); err != nil {
@@ -563,7 +563,7 @@ func TestNodeHealth(t *testing.T) {
 		{func() {}, HealthUp},
 		{n.markRefused, HealthRefused},
 		{n.markDown, HealthDown}, // a later failure's backoff is not the refusal's
-		{func() { n.downUntil.Store(0) }, HealthUp},
+		{func() { n.downUntil.Store(0); n.probeAnswered() }, HealthUp},
 		{n.markRefused, HealthRefused},
 		{func() { n.notStandby.Store(true) }, HealthNotStandby},
 	}

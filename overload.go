@@ -377,7 +377,8 @@ func (c *Connector) samplePrimary(ctx context.Context, b *backend) *backend {
 		b.close()
 		return nil
 	}
-	c.topo.lag.samples.add(l, sent)
-	c.topo.hist.add(l, time.Now().UnixNano())
+	if c.sawPrimary(l) { // not an answer from a writer that has been replaced
+		c.topo.lag.samples.add(l.lsn, sent)
+	}
 	return b
 }

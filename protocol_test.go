@@ -41,7 +41,7 @@ const (
 	protoInsertLit  = "INSERT INTO t (v) VALUES (1)"
 	protoRead       = "SELECT v FROM t WHERE id = $1"
 	protoReadWriter = "SELECT v FROM t WHERE id = $1 /* pgryw:primary */"
-	protoCapture    = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size')"
+	protoCapture    = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn())"
 	protoPoll       = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
 
 	protoStart   = "0/2000000"  // the replica's replay position before the write
@@ -59,6 +59,18 @@ type protoWriter struct {
 	// failInsert fails the INSERT's execution with a unique violation.
 	failInsert bool
 	inserts    int // INSERT executions received (answered or not)
+	// cutRead hangs up once, when protoReadWriter arrives to be executed.
+	cutRead bool
+	reads   []int // the connections protoReadWriter executions arrived on
+	// timeline is the writer's timeline (0 means 1): a promoted standby's
+	// is higher.
+	timeline uint32
+}
+
+// walFile names the WAL file of the writer's position, as pg_walfile_name
+// does; only its timeline matters to pgryw.
+func (w *protoWriter) walFile() string {
+	return fmt.Sprintf("%08X%016X", max(w.timeline, 1), 3)
 }
 
 func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
@@ -69,12 +81,20 @@ func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 		c.Hangup()
 		return nil
 	}
+	if executes(c, b, protoReadWriter) {
+		w.reads = append(w.reads, c.ID())
+		if w.cutRead {
+			w.cutRead = false
+			c.Hangup()
+			return nil
+		}
+	}
 	return c.Answer(b, func(q pgfake.Query) pgfake.Result {
 		switch q.SQL {
 		case protoCapture:
 			return pgfake.Result{
-				Cols: []pgfake.Column{{Name: "pg_current_wal_insert_lsn", OID: 3220}, {Name: "current_setting", OID: 25}},
-				Rows: [][][]byte{pgfake.Row(w.lsn, "8192")},
+				Cols: []pgfake.Column{{Name: "pg_current_wal_insert_lsn", OID: 3220}, {Name: "current_setting", OID: 25}, {Name: "pg_walfile_name", OID: 25}},
+				Rows: [][][]byte{pgfake.Row(w.lsn, "8192", w.walFile())},
 			}
 		case protoInsert, protoInsertLit:
 			if !q.Describe {

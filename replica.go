@@ -21,10 +21,10 @@ import (
 // read (monotonic reads).
 
 // replica returns this connection's backend for replica n, connecting on
-// first use.
+// first use, and anew when n was down since the connection was opened.
 func (cn *Conn) replica(ctx context.Context, n *node) (*backend, error) {
 	if b := cn.replicas[n.index]; b != nil {
-		if !b.closed() {
+		if !b.closed() && b.ups == n.ups.Load() {
 			return b, nil
 		}
 		b.close()

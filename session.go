@@ -105,17 +105,23 @@ func (s *Session) cover(seen uint64) {
 
 // advanceAt raises the position to l of generation g. A position of
 // another generation replaces it: the new history is where the session's
-// writes are now (a write lost with the old primary is gone).
+// writes are now (a write lost with the old primary is gone); but one of an
+// earlier timeline of the same system (an answer from a writer since
+// replaced) changes nothing.
 func (s *Session) advanceAt(g generation, l lsn.LSN) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gen != g && s.gen != (generation{}) && g != (generation{}) {
-		s.wm.Reset()
-	}
-	if g != (generation{}) {
+	switch {
+	case s.gen == g || g == (generation{}) || s.gen == (generation{}):
+		if g != (generation{}) {
+			s.gen = g
+		}
+		s.wm.Advance(l)
+	case g.system == s.gen.system && g.timeline < s.gen.timeline:
+	default:
 		s.gen = g
+		s.wm.Set(l) // readers load wm without the lock: never show them zero
 	}
-	s.wm.Advance(l)
 }
 
 // rebase sets the position to l of generation g, even lower: a token's
@@ -124,8 +130,7 @@ func (s *Session) rebase(g generation, l lsn.LSN) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gen = g
-	s.wm.Reset()
-	s.wm.Advance(l)
+	s.wm.Set(l) // readers load wm without the lock: never show them zero
 }
 
 // signed reports whether the session's tokens are signed (it has keys).
@@ -197,7 +202,7 @@ func (s *Session) Observe(tok string) error {
 		return nil
 	}
 	if m.SystemID != cur.SystemID || m.Timeline != cur.Timeline {
-		s.wm.Reset()
+		s.wm.Set(m.LSN)
 	}
 	s.gen = generation{system: m.SystemID, timeline: m.Timeline}
 	s.wm.Advance(m.LSN)

@@ -153,6 +153,9 @@ func (n *node) health(now int64) Health {
 	if n.index >= 0 && n.notStandby.Load() {
 		return HealthNotStandby
 	}
+	if n.down.Load() {
+		return HealthDown // until the monitor's probe answers
+	}
 	switch until := n.downUntil.Load(); {
 	case until <= now:
 		return HealthUp

@@ -20,8 +20,11 @@ const (
 	// is at or past the end of the commit record whatever synchronous_commit
 	// is; the flush position can trail an asynchronous commit.
 	//
-	// wal_block_size comes along for adjustInsertLSN.
-	sqlCapture = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size')"
+	// wal_block_size comes along for adjustInsertLSN, and the name of the
+	// WAL file, whose first eight hex digits are the writer's timeline: a
+	// new writer (a promoted standby) starts a new one, so every position
+	// says which history it belongs to (see sawPrimary).
+	sqlCapture = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn())"
 	// pg_is_in_recovery in the same query: a promoted standby keeps reporting
 	// its last replay position, so the position alone cannot tell promotion
 	// from lag.
@@ -50,30 +53,55 @@ const (
 	waitBusy                         // max_waits reads already wait on the replica, and a check that did not wait found it behind
 )
 
+// primaryPos is a position read on the primary, with the timeline it is on.
+type primaryPos struct {
+	lsn lsn.LSN
+	tli uint32
+}
+
 // capture reads the primary's WAL insert position with a round trip of its
 // own. Call it only after a commit has returned.
-func capture(ctx context.Context, b *backend) (lsn.LSN, error) {
+func capture(ctx context.Context, b *backend) (primaryPos, error) {
 	row, _, err := b.control(ctx, sqlCapture)
 	if err != nil {
-		return 0, err
+		return primaryPos{}, err
 	}
 	return parseCapture(row)
 }
 
 // parseCapture reads sqlCapture's row.
-func parseCapture(row []string) (lsn.LSN, error) {
-	if len(row) != 2 {
-		return 0, fmt.Errorf("pgryw: primary position query returned %d columns", len(row))
+func parseCapture(row []string) (primaryPos, error) {
+	if len(row) != 3 {
+		return primaryPos{}, fmt.Errorf("pgryw: primary position query returned %d columns", len(row))
 	}
 	l, err := lsn.Parse(row[0])
 	if err != nil {
-		return 0, fmt.Errorf("pgryw: primary returned an unreadable WAL position: %w", err)
+		return primaryPos{}, fmt.Errorf("pgryw: primary returned an unreadable WAL position: %w", err)
 	}
 	bs, err := strconv.ParseUint(row[1], 10, 32)
 	if err != nil || bs == 0 {
-		return 0, fmt.Errorf("pgryw: primary returned an unreadable wal_block_size %q", clip(row[1]))
+		return primaryPos{}, fmt.Errorf("pgryw: primary returned an unreadable wal_block_size %q", clip(row[1]))
 	}
-	return adjustInsertLSN(l, bs), nil
+	tli, ok := walFileTimeline(row[2])
+	if !ok {
+		return primaryPos{}, fmt.Errorf("pgryw: primary returned an unreadable WAL file name %q", clip(row[2]))
+	}
+	return primaryPos{lsn: adjustInsertLSN(l, bs), tli: tli}, nil
+}
+
+// walFileTimeline reads the timeline from a WAL file name: its first eight
+// of 24 hex digits. Timeline 0 does not exist.
+func walFileTimeline(name string) (uint32, bool) {
+	if len(name) != 24 {
+		return 0, false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !(c >= '0' && c <= '9' || c >= 'A' && c <= 'F') {
+			return 0, false
+		}
+	}
+	tli, err := strconv.ParseUint(name[:8], 16, 32)
+	return uint32(tli), err == nil && tli != 0
 }
 
 // adjustInsertLSN: see lsn.ReplayTarget.

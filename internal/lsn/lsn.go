@@ -128,3 +128,8 @@ func (w *Watermark) Advance(l LSN) bool {
 // Reset sets the watermark to zero. Only for a new writer history: within one
 // history a watermark must never move back.
 func (w *Watermark) Reset() { w.v.Store(0) }
+
+// Set moves the watermark to l, even back, in one step: a reader sees the
+// old position or l, never zero in between. Only for moving onto a new writer
+// history.
+func (w *Watermark) Set(l LSN) { w.v.Store(uint64(l)) }

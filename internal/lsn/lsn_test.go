@@ -95,6 +95,10 @@ func TestWatermarkMonotonic(t *testing.T) {
 	if w.Advance(5) {
 		t.Fatal("moved backwards")
 	}
+	w.Set(5)
+	if w.Load() != 5 || !w.Advance(6) {
+		t.Fatalf("after Set(5): %d", w.Load())
+	}
 }
 
 func FuzzParse(f *testing.F) {

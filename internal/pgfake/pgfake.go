@@ -247,6 +247,18 @@ func (c *Conn) Hangup() {
 	}
 }
 
+// Send writes messages to the client outside a Handler, as a server does
+// unasked: a notification, or the notice it sends an idle client on an
+// immediate shutdown.
+func (c *Conn) Send(msgs ...pgproto3.BackendMessage) error {
+	var out []byte
+	for _, m := range msgs {
+		out = encode(out, m)
+	}
+	_, err := c.nc.Write(out)
+	return err
+}
+
 // Closed reports whether the connection has ended.
 func (c *Conn) Closed() bool {
 	select {

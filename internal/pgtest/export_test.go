@@ -13,6 +13,14 @@ func SetForceCopy(v bool) (restore func()) {
 	return func() { forceCopy = old }
 }
 
+// SetForceRebuildCopy makes RebuildStandby take the copy route on any
+// server.
+func SetForceRebuildCopy(v bool) (restore func()) {
+	old := forceRebuildCopy
+	forceRebuildCopy = v
+	return func() { forceRebuildCopy = old }
+}
+
 // WALSizes reports the WAL page and segment sizes Start read.
 func (c *Cluster) WALSizes() (block, seg uint64) { return c.walBlockSize, c.walSegSize }
 

@@ -293,20 +293,25 @@ func (l *local) startReplica(ctx context.Context, p, w *proc, delay time.Duratio
 	// primary_conninfo goes in our node file, not via pg_basebackup -R, so
 	// both routes look the same and application_name is ours to match in
 	// pg_stat_replication.
-	extra := []string{
-		"primary_conninfo = " + quote(fmt.Sprintf("host=%s port=%d user=postgres application_name=%s", w.node.Host, w.node.Port, p.name)),
-		fmt.Sprintf("recovery_min_apply_delay = %d", delay.Milliseconds()),
-	}
 	if err := l.writeFile(filepath.Join(p.node.DataDir, "standby.signal"), nil); err != nil {
 		return err
 	}
-	if err := l.startProc(ctx, p, extra, true); err != nil {
+	if err := l.startProc(ctx, p, standbyLines(w.node, p.name, delay), true); err != nil {
 		return err
 	}
 	if err := waitStreaming(ctx, w.node, p.name); err != nil {
 		return fmt.Errorf("pgtest: %s never streamed: %w%s", p.name, err, logTail(p.logPath))
 	}
 	return nil
+}
+
+// standbyLines are the node file's settings of a standby streaming from w
+// under application_name app.
+func standbyLines(w Node, app string, delay time.Duration) []string {
+	return []string{
+		"primary_conninfo = " + quote(fmt.Sprintf("host=%s port=%d user=postgres application_name=%s", w.Host, w.Port, app)),
+		fmt.Sprintf("recovery_min_apply_delay = %d", delay.Milliseconds()),
+	}
 }
 
 // writeCommonConf appends settings shared by all nodes; the copies and base
@@ -321,6 +326,9 @@ shared_buffers = 32MB
 fsync = off
 synchronous_commit = on
 full_page_writes = on
+# pg_rewind needs hint-bit changes WAL-logged (or data checksums) to bring
+# a crashed writer back as a standby of the new one (RebuildStandby).
+wal_log_hints = on
 wal_level = replica
 max_wal_senders = 10
 wal_keep_size = '1GB'
@@ -364,18 +372,7 @@ func (l *local) startProc(ctx context.Context, p *proc, extra []string, newPort 
 				return err
 			}
 			p.node.Port = port
-			sock := ""
-			// The socket is optional (we connect over TCP); skip it rather
-			// than fail when TMPDIR makes the path too long.
-			if len(p.dir)+len("/.s.PGSQL.65535") <= maxSocketPath {
-				sock = p.dir
-			}
-			lines := append([]string{
-				fmt.Sprintf("port = %d", port),
-				"unix_socket_directories = " + quote(sock),
-				"cluster_name = " + quote(p.name),
-			}, extra...)
-			if err := l.writeFile(filepath.Join(p.node.DataDir, "pgtest_node.conf"), []byte(strings.Join(lines, "\n")+"\n")); err != nil {
+			if err := l.writeNodeConf(p, extra); err != nil {
 				return err
 			}
 		}
@@ -385,6 +382,23 @@ func (l *local) startProc(ctx context.Context, p *proc, extra []string, newPort 
 		}
 		l.logf("pgtest: port %d of %s taken, retrying", p.node.Port, p.name)
 	}
+}
+
+// writeNodeConf writes p's node file: its port, socket dir and name, and
+// extra lines (standby settings).
+func (l *local) writeNodeConf(p *proc, extra []string) error {
+	sock := ""
+	// The socket is optional (we connect over TCP); skip it rather than fail
+	// when TMPDIR makes the path too long.
+	if len(p.dir)+len("/.s.PGSQL.65535") <= maxSocketPath {
+		sock = p.dir
+	}
+	lines := append([]string{
+		fmt.Sprintf("port = %d", p.node.Port),
+		"unix_socket_directories = " + quote(sock),
+		"cluster_name = " + quote(p.name),
+	}, extra...)
+	return l.writeFile(filepath.Join(p.node.DataDir, "pgtest_node.conf"), []byte(strings.Join(lines, "\n")+"\n"))
 }
 
 // spawn starts the postmaster directly (not via pg_ctl, which daemonizes it

@@ -110,7 +110,7 @@ func (n Node) DSN() string {
 // Cluster is a running primary plus streaming replicas. Its methods are safe
 // for concurrent use.
 type Cluster struct {
-	// Writer is the primary.
+	// Writer is the primary: after Failover, the promoted replica.
 	Writer Node
 	// Replicas are the streaming standbys, in index order as used by the
 	// methods that take a replica index.
@@ -129,10 +129,12 @@ type Cluster struct {
 	walBlockSize uint64   // 0 if unknown
 	walSegSize   uint64   // 0 if unknown
 
-	mu       sync.Mutex
-	stopped  []bool // per replica: stopped by StopNode
-	promoted []bool // per replica: promoted by Promote
-	closed   bool
+	mu            sync.Mutex
+	stopped       []bool // per replica: stopped by StopNode
+	promoted      []bool // per replica: promoted by Promote
+	detached      []bool // per replica: follows no running writer's history (after Failover, until RebuildStandby)
+	writerStopped bool   // StopWriter, until Failover
+	closed        bool
 }
 
 // backend is what differs between local processes and external servers.
@@ -204,6 +206,7 @@ func finish(ctx context.Context, start func() (*Cluster, error)) (*Cluster, erro
 	}
 	c.stopped = make([]bool, len(c.Replicas))
 	c.promoted = make([]bool, len(c.Replicas))
+	c.detached = make([]bool, len(c.Replicas))
 	if err := c.describe(ctx); err != nil {
 		c.Close()
 		return nil, err
@@ -360,7 +363,7 @@ func (c *Cluster) replayControl(ctx context.Context, i int, fn, want string) err
 // WaitCaughtUp waits until every running, unpromoted replica has replayed
 // the writer's current insert LSN. With an apply delay in force it waits the
 // delay out; on a replica whose replay is paused it fails at once rather than
-// hang. Stopped and promoted replicas are skipped.
+// hang. Stopped, promoted and detached (see Failover) replicas are skipped.
 func (c *Cluster) WaitCaughtUp(ctx context.Context) error {
 	var lsnText string
 	if err := withConn(ctx, c.Writer, func(conn *pgx.Conn) error {
@@ -376,7 +379,7 @@ func (c *Cluster) WaitCaughtUp(ctx context.Context) error {
 	c.mu.Lock()
 	var idx []int
 	for j := range c.Replicas {
-		if !c.stopped[j] && !c.promoted[j] {
+		if !c.stopped[j] && !c.promoted[j] && !c.detached[j] {
 			idx = append(idx, j)
 		}
 	}
@@ -427,17 +430,7 @@ func (c *Cluster) Promote(ctx context.Context, i int) error {
 	if _, err := c.targets(i); err != nil {
 		return err
 	}
-	err := withConn(ctx, c.Replicas[i], func(conn *pgx.Conn) error {
-		var ok bool
-		if err := conn.QueryRow(ctx, "SELECT pg_promote(true, 60)").Scan(&ok); err != nil {
-			return err
-		}
-		if !ok {
-			return errors.New("pg_promote returned false")
-		}
-		return nil
-	})
-	if err != nil {
+	if err := promote(ctx, c.Replicas[i]); err != nil {
 		return fmt.Errorf("pgtest: promote replica %d: %w", i, err)
 	}
 	c.mu.Lock()
@@ -480,6 +473,10 @@ func (c *Cluster) StartNode(i int) error {
 	}
 	if !c.stopped[i] {
 		return nil
+	}
+	if c.detached[i] {
+		// The old writer after Failover would come up as a second primary.
+		return fmt.Errorf("pgtest: replica %d follows no running writer's history: RebuildStandby, not StartNode", i)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -309,4 +311,92 @@ func TestWaitCaughtUpAtPageBoundary(t *testing.T) {
 		return
 	}
 	t.Skip("insert LSN never landed just past a page header")
+}
+
+// TestFailoverAndRebuild fails the writer over twice on a cluster of its
+// own: the writer is killed (immediate shutdown) while its replica has
+// stopped receiving, so writes are lost with it; the replica is promoted
+// and becomes Writer; the old writer is rebuilt as its standby, by
+// pg_rewind where the bin dir has it the first time and by a copy of the
+// running writer the second time. The rebuilt node must have the new
+// writer's rows and not the lost ones, and the multi-host DSN must reach
+// whichever node is the writer.
+func TestFailoverAndRebuild(t *testing.T) {
+	requireLocal(t)
+	ctx := ctxFor(t)
+	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, BinDir: cluster.BinDir, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	multi := c.MultiHostDSN()
+	if !strings.Contains(multi, ","+c.Replicas[0].Addr()+"/") || !strings.HasSuffix(multi, "&target_session_attrs=read-write") {
+		t.Fatalf("MultiHostDSN %q", multi)
+	}
+	exec(t, ctx, dial(t, ctx, c.WriterDSN()), "CREATE TABLE fo (id int PRIMARY KEY)")
+	next := 1
+	for round, copyRoute := range []bool{false, true} {
+		oldWriter, newWriter := c.Writer, c.Replicas[0]
+		w := dial(t, ctx, multi)
+		if port := int(w.PgConn().Conn().RemoteAddr().(*net.TCPAddr).Port); port != oldWriter.Port {
+			t.Fatalf("round %d: the multi-host DSN reached port %d, want the writer's %d", round, port, oldWriter.Port)
+		}
+		kept := next
+		exec(t, ctx, w, "INSERT INTO fo VALUES ($1)", kept)
+		if err := c.WaitCaughtUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.PauseStreaming(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+		lost := next + 1
+		exec(t, ctx, w, "INSERT INTO fo VALUES ($1)", lost)
+		next += 2
+		if err := c.StopWriter(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Failover(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+		if c.Writer != newWriter || c.Replicas[0].Port != oldWriter.Port {
+			t.Fatalf("round %d: after Failover writer %s, replica %s", round, c.Writer.Addr(), c.Replicas[0].Addr())
+		}
+		if err := c.StartNode(0); err == nil {
+			t.Fatal("StartNode started the old writer as it was")
+		}
+		w2 := dial(t, ctx, multi)
+		if port := int(w2.PgConn().Conn().RemoteAddr().(*net.TCPAddr).Port); port != newWriter.Port {
+			t.Fatalf("round %d: after Failover the multi-host DSN reached port %d, want %d", round, port, newWriter.Port)
+		}
+		exec(t, ctx, w2, "INSERT INTO fo VALUES ($1)", next)
+		after := next
+		next++
+		restore := pgtest.SetForceRebuildCopy(copyRoute)
+		how, err := c.RebuildStandby(ctx, 0)
+		restore()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("round %d: old writer rebuilt by %s", round, how)
+		if _, err := os.Stat(filepath.Join(cluster.BinDir, "pg_rewind")); err == nil && !copyRoute && how != "pg_rewind" {
+			t.Errorf("round %d: rebuilt by %s although %s has pg_rewind", round, how, cluster.BinDir)
+		}
+		if copyRoute && how != "copy" {
+			t.Errorf("round %d: rebuilt by %s, want copy", round, how)
+		}
+		if err := c.WaitCaughtUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := dial(t, ctx, c.ReplicaDSN(0))
+		var inRec bool
+		if err := r.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRec); err != nil || !inRec {
+			t.Fatalf("rebuilt node in recovery: %v, %v", inRec, err)
+		}
+		if !has(t, ctx, r, "fo", kept) || !has(t, ctx, r, "fo", after) {
+			t.Errorf("round %d: the rebuilt node lacks a row the new writer has", round)
+		}
+		if has(t, ctx, r, "fo", lost) {
+			t.Errorf("round %d: the rebuilt node has row %d, lost with the old writer", round, lost)
+		}
+	}
 }

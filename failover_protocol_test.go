@@ -1,0 +1,100 @@
+package pgryw_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/pgryw/pgryw/internal/pgfake"
+)
+
+// A writer connection that the server ended while it sat idle in the pool
+// (the writer died, shut down or was failed over: its last words are a
+// notice, or it just closes) is found before anything is sent on it:
+// database/sql takes a new connection, and the write runs once, there, with
+// no error. A notification on an idle connection is no such sign.
+func TestProtocolDeadIdleWriterConnection(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		last []pgproto3.BackendMessage // what the server sends before closing; nil: it stays
+		dies bool
+	}{
+		{"closed", nil, true},
+		{"immediate shutdown", []pgproto3.BackendMessage{&pgproto3.NoticeResponse{Severity: "WARNING", Code: "57P01",
+			Message: "terminating connection due to immediate shutdown command"}}, true},
+		{"fatal", []pgproto3.BackendMessage{pgfake.Error("57P01", "terminating connection due to administrator command")}, true},
+		{"notification", []pgproto3.BackendMessage{&pgproto3.NotificationResponse{PID: 1, Channel: "c", Payload: "p"}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pc := newProtoCluster(t, "15.4", "")
+			// Twice: database/sql resets a connection it hands out again,
+			// and pgx's reset pings the first time and after a second
+			// idle, but not in between, which is when a busy pool reuses
+			// its connections.
+			for i := 0; i < 2; i++ {
+				if _, err := pc.db.Exec(protoInsert, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			first := pc.writer.Conns()[0]
+			flushes := len(first.Batches())
+			if tc.last != nil {
+				if err := first.Send(tc.last...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.dies {
+				first.Hangup()
+				<-first.Done()
+			}
+			time.Sleep(10 * time.Millisecond) // for the bytes to cross loopback
+			if _, err := pc.db.Exec(protoInsert, 2); err != nil {
+				t.Fatalf("write after the idle connection ended: %v", err)
+			}
+			pc.w.mu.Lock()
+			inserts := pc.w.inserts
+			pc.w.mu.Unlock()
+			if inserts != 3 {
+				t.Errorf("the writer received %d INSERTs, want 3", inserts)
+			}
+			conns := pc.writer.Conns()
+			want := 1
+			if tc.dies {
+				want = 2
+			}
+			if len(conns) != want {
+				t.Fatalf("%d writer connections, want %d", len(conns), want)
+			}
+			if tc.dies && len(first.Batches()) != flushes {
+				t.Errorf("the ended connection received %d flushes after it ended", len(first.Batches())-flushes)
+			}
+		})
+	}
+}
+
+// A read on the writer whose connection breaks before any row arrives is
+// sent again, on a new connection, within the caller's context: a read is
+// safe to run twice. database/sql does the resending, told by
+// driver.ErrBadConn.
+func TestProtocolLostWriterReadRunsAgain(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := pc.db.PingContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pc.w.mu.Lock()
+	pc.w.cutRead = true
+	pc.w.mu.Unlock()
+	var v string
+	if err := pc.db.QueryRowContext(ctx, protoReadWriter, 7).Scan(&v); err != nil || v != "writer" {
+		t.Fatalf("read whose writer connection broke: %q, %v", v, err)
+	}
+	pc.w.mu.Lock()
+	reads := pc.w.reads
+	pc.w.mu.Unlock()
+	if len(reads) != 2 || reads[0] == reads[1] {
+		t.Fatalf("the read arrived on writer connections %v, want twice, on two", reads)
+	}
+}

@@ -1,0 +1,476 @@
+package pgryw
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/pgryw/pgryw/internal/pgfake"
+)
+
+// The probe backoff doubles from probeBackoffMin per failure in a row, up
+// to probeBackoffMax.
+func TestProbeBackoff(t *testing.T) {
+	ms := time.Millisecond
+	for k, want := range map[int32]time.Duration{
+		0: 100 * ms, 1: 100 * ms, 2: 200 * ms, 3: 400 * ms, 4: 800 * ms, 5: 1600 * ms, 6: 3200 * ms,
+		7: 5 * time.Second, 8: 5 * time.Second, 1 << 30: 5 * time.Second,
+	} {
+		if got := probeBackoff(k); got != want {
+			t.Errorf("probeBackoff(%d) = %v, want %v", k, got, want)
+		}
+	}
+}
+
+// A node that failed stays out of reads until a probe answers, however long
+// ago it failed: reads never connect to a node known to be down. Failures
+// in a row lengthen the wait for the next probe; reads failing together
+// count once.
+func TestNodeDownUntilProbed(t *testing.T) {
+	n := &node{}
+	now := func() int64 { return time.Now().UnixNano() }
+	if !n.usable(now()) {
+		t.Fatal("a fresh node is not usable")
+	}
+	n.markDown()
+	n.markDown() // a second read failing at the same time
+	if n.usable(now()) || n.fails.Load() != 1 {
+		t.Fatalf("after a failure: usable %v, failures %d", n.usable(now()), n.fails.Load())
+	}
+	if d := time.Duration(n.retryAt.Load() - now()); d <= 0 || d > probeBackoffMin {
+		t.Errorf("first probe in %v, want within %v", d, probeBackoffMin)
+	}
+	n.retryAt.Store(now() - int64(time.Hour))
+	if n.usable(now()) {
+		t.Fatal("usable once the probe was due, before any probe answered")
+	}
+	n.probeFailed()
+	if d := time.Duration(n.retryAt.Load() - now()); n.fails.Load() != 2 || d <= probeBackoffMin || d > 2*probeBackoffMin {
+		t.Errorf("after a failed probe: failures %d, next probe in %v", n.fails.Load(), d)
+	}
+	if !n.probeAnswered() || !n.usable(now()) {
+		t.Fatal("a probe answered, and the node is not back")
+	}
+	if n.fails.Load() != 2 {
+		t.Errorf("failures %d once back, want 2 kept until it answers again", n.fails.Load())
+	}
+	n.markDown() // it fails a read again at once: the backoff goes on
+	if d := time.Duration(n.retryAt.Load() - now()); n.fails.Load() != 3 || d <= 2*probeBackoffMin {
+		t.Errorf("failing again: failures %d, next probe in %v", n.fails.Load(), d)
+	}
+	n.probeAnswered()
+	if n.probeAnswered() || n.fails.Load() != 0 {
+		t.Errorf("answering twice: failures %d, want 0", n.fails.Load())
+	}
+}
+
+// A writer named by several hosts: each host is also a replica node,
+// unless listed in replicas already; one host, or no replicas, adds none.
+func TestWriterCandidatesAreReplicas(t *testing.T) {
+	for _, tc := range []struct {
+		dsn  string
+		want []string // node addresses; * marks a writer candidate
+	}{
+		{"postgres://u@a:5432,b:5433,A:5432/db?target_session_attrs=read-write&replicas=b:5433,c",
+			[]string{"b:5433", "c:5432", "*a:5432"}},
+		{"host=a,b port=5432,5433 user=u target_session_attrs=primary replicas=c:5434",
+			[]string{"c:5434", "*a:5432", "*b:5433"}},
+		{"host=a user=u replicas=b", []string{"b:5432"}},
+		{"host=a,b user=u", nil}, // no replicas: pgx alone, untouched
+	} {
+		cfg, err := ParseDSN(tc.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := newConnector(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for i, n := range c.topo.replicas {
+			if n.index != i {
+				t.Errorf("%s: node %s has index %d at %d", tc.dsn, n.addr, n.index, i)
+			}
+			a := n.addr
+			if n.candidate {
+				a = "*" + a
+			}
+			got = append(got, a)
+		}
+		if len(c.replicas) != len(got) || len(got) != len(tc.want) {
+			t.Errorf("%s: nodes %q (%d connectors), want %q", tc.dsn, got, len(c.replicas), tc.want)
+			continue
+		}
+		for i := range got {
+			if got[i] != tc.want[i] {
+				t.Errorf("%s: nodes %q, want %q", tc.dsn, got, tc.want)
+				break
+			}
+		}
+	}
+}
+
+// The first position of a new timeline moves the pool's watermark to it,
+// restarts the primary-position history, and from then on positions of the
+// old timeline (stragglers) move nothing shared.
+func TestTimelineSwitch(t *testing.T) {
+	cfg, err := ParseDSN("host=a user=u replicas=b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.sawPrimary(primaryPos{lsn: 100, tli: 1}) || c.tli.Load() != 1 || c.stats.writerChanges.Load() != 0 {
+		t.Fatalf("first position: timeline %d, changes %d", c.tli.Load(), c.stats.writerChanges.Load())
+	}
+	c.db.wm.Advance(5000) // a write the new writer never got
+	c.topo.hist.add(5000, time.Now().UnixNano(), 1)
+	if !c.sawPrimary(primaryPos{lsn: 300, tli: 2}) {
+		t.Fatal("a position of a new timeline was refused")
+	}
+	if c.tli.Load() != 2 || c.db.wm.Load() != 300 || c.topo.hist.latest() != 300 || c.stats.writerChanges.Load() != 1 {
+		t.Fatalf("after the switch: timeline %d, pool watermark %v, history at %v, changes %d",
+			c.tli.Load(), c.db.wm.Load(), c.topo.hist.latest(), c.stats.writerChanges.Load())
+	}
+	if c.sawPrimary(primaryPos{lsn: 9000, tli: 1}) || c.topo.hist.latest() != 300 {
+		t.Fatalf("a straggler of the old timeline was taken: history at %v", c.topo.hist.latest())
+	}
+	if !c.sawPrimary(primaryPos{lsn: 400, tli: 2}) || c.topo.hist.latest() != 400 {
+		t.Fatal("a position of the current timeline was not recorded")
+	}
+
+	// A Session moves to a new generation, and not back to an older one.
+	s := NewSession()
+	s.advanceAt(generation{system: 7, timeline: 1}, 5000)
+	s.advanceAt(generation{system: 7, timeline: 2}, 300)
+	s.advanceAt(generation{system: 7, timeline: 1}, 9000)
+	if g, l := s.position(); g != (generation{system: 7, timeline: 2}) || l != 300 {
+		t.Fatalf("session at %+v %v, want timeline 2 at 300", g, l)
+	}
+}
+
+// toggleProxy stands in front of a fake server: while up it forwards each
+// connection; while down it takes each connection and closes it at once
+// (the server refuses to talk).
+type toggleProxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	down  bool
+	conns []net.Conn // forwarded connections, both sides
+}
+
+func startToggleProxy(t *testing.T, target string) *toggleProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &toggleProxy{ln: ln, target: target}
+	go p.serve()
+	t.Cleanup(func() {
+		ln.Close()
+		p.setDown(true)
+	})
+	return p
+}
+
+func (p *toggleProxy) serve() {
+	for {
+		nc, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.down {
+			p.mu.Unlock()
+			nc.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			nc.Close()
+			continue
+		}
+		p.conns = append(p.conns, nc, up)
+		p.mu.Unlock()
+		go func() { io.Copy(up, nc); up.Close() }()
+		go func() { io.Copy(nc, up); nc.Close() }()
+	}
+}
+
+// setDown switches the proxy; going down ends every forwarded connection.
+func (p *toggleProxy) setDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	if down {
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.conns = nil
+	}
+}
+
+// fakeNodes starts a fake writer and a fake standby answering "writer" and
+// "replica" to backoffRead (and pgryw's own statements).
+func fakeNodes(t *testing.T) (writer, replica *pgfake.Server) {
+	t.Helper()
+	answer := func(who string, standby bool) pgfake.Handler {
+		return func(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
+			return c.Answer(b, func(q pgfake.Query) pgfake.Result {
+				switch q.SQL {
+				case backoffRead:
+					return pgfake.Result{Cols: []pgfake.Column{{Name: "v", OID: 25}}, Rows: [][][]byte{pgfake.Row(who)}}
+				case sqlPoll:
+					rec := "f"
+					if standby {
+						rec = "t"
+					}
+					return pgfake.Result{Cols: []pgfake.Column{{Name: "lsn", OID: 3220}, {Name: "rec", OID: 16}}, Rows: [][][]byte{pgfake.Row("0/3000000", rec)}}
+				case sqlCapture:
+					return pgfake.Result{Cols: []pgfake.Column{{Name: "l", OID: 3220}, {Name: "b", OID: 25}, {Name: "f", OID: 25}},
+						Rows: [][][]byte{pgfake.Row("0/3000000", "8192", "000000010000000000000003")}}
+				}
+				return pgfake.Result{Err: pgfake.Error("42601", "unexpected "+q.SQL)}
+			})
+		}
+	}
+	var err error
+	if writer, err = pgfake.Start(pgfake.Config{InHotStandby: "off", Handler: answer("writer", false)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { writer.Close() })
+	if replica, err = pgfake.Start(pgfake.Config{InHotStandby: "on", Handler: answer("replica", true)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { replica.Close() })
+	return writer, replica
+}
+
+const backoffRead = "SELECT v FROM t"
+
+// A replica that goes down is left alone by reads, which go to the writer
+// without an error and never connect to it (every connection attempt is the
+// monitor's), and is probed by the monitor, each probe after twice the wait
+// of the one before; when it answers again, reads go back to it. With
+// read_your_writes=off too, where the monitor sends nothing to a healthy
+// replica.
+func TestDownReplicaBackoff(t *testing.T) {
+	for _, extra := range []string{"", "read_your_writes=off"} {
+		t.Run("extra="+extra, func(t *testing.T) {
+			writer, replica := fakeNodes(t)
+			proxy := startToggleProxy(t, replica.Addr())
+			cfg, err := ParseDSN(fmt.Sprintf("host=%s port=%d user=app password=hunter2 dbname=app sslmode=disable connect_timeout=2 replicas=%s %s",
+				writer.Host(), writer.Port(), proxy.ln.Addr(), extra))
+			if err != nil {
+				t.Fatal(err)
+			}
+			logs := &captureLogs{}
+			cfg.Logger = slog.New(logs)
+			c, err := newConnector(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.noCatalog = true
+			var mu sync.Mutex
+			var down bool
+			var probes []time.Time // the monitor's connection attempts while down
+			var readDials int      // reads' connection attempts while down
+			dial := c.dial
+			c.dial = func(ctx context.Context, n *node) (driver.Conn, error) {
+				if n.index >= 0 {
+					mu.Lock()
+					if down {
+						if ctx.Value(probeKey{}) != nil {
+							probes = append(probes, time.Now())
+						} else {
+							readDials++
+						}
+					}
+					mu.Unlock()
+				}
+				return dial(ctx, n)
+			}
+			db := sql.OpenDB(c)
+			defer db.Close()
+			db.SetMaxOpenConns(2)
+			read := func() string {
+				t.Helper()
+				var v string
+				if err := db.QueryRow(backoffRead).Scan(&v); err != nil {
+					t.Fatalf("read: %v", err)
+				}
+				return v
+			}
+			// held keeps a replica connection that is idle while the
+			// replica is down, and dies with it.
+			held, err := db.Conn(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Close()
+			for _, q := range []interface {
+				QueryRowContext(context.Context, string, ...any) *sql.Row
+			}{held, db} {
+				var v string
+				if err := q.QueryRowContext(context.Background(), backoffRead).Scan(&v); err != nil || v != "replica" {
+					t.Fatalf("the first read was served by the %s (%v)", v, err)
+				}
+			}
+
+			mu.Lock()
+			down = true
+			mu.Unlock()
+			proxy.setDown(true)
+			start := time.Now()
+			for time.Since(start) < 2500*time.Millisecond {
+				if v := read(); v != "writer" {
+					t.Fatalf("a read was served by the down replica")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			mu.Lock()
+			down = false
+			got, rd := append([]time.Time(nil), probes...), readDials
+			mu.Unlock()
+			if rd != 0 {
+				t.Errorf("reads connected to the down replica %d times", rd)
+			}
+			if len(got) < 2 {
+				t.Fatalf("%d probes while down: the monitor does not probe", len(got))
+			}
+			// The i-th probe came after at least i failures.
+			var at []time.Duration
+			for _, p := range got {
+				at = append(at, p.Sub(start).Round(time.Millisecond))
+			}
+			for i := 1; i < len(got); i++ {
+				if gap, min := got[i].Sub(got[i-1]), probeBackoff(int32(i)); gap < min-5*time.Millisecond {
+					t.Errorf("probe %d came %v after the one before, want at least %v (probes at %v)", i, gap, min, at)
+				}
+			}
+			t.Logf("%d probes while down, at %v", len(got), at)
+
+			proxy.setDown(false)
+			back := time.Now()
+			for read() != "replica" {
+				if time.Since(back) > probeBackoffMax+5*time.Second {
+					t.Fatalf("the replica answers again, and reads do not go to it after %v", time.Since(back))
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			t.Logf("reads back on the replica %v after it answered again", time.Since(back).Round(time.Millisecond))
+			// The held connection's replica connection died while the
+			// replica was down: it is replaced, not tried (which would
+			// fail, and take the replica out of reads again).
+			fails := c.topo.replicas[0].fails.Load()
+			var v string
+			if err := held.QueryRowContext(context.Background(), backoffRead).Scan(&v); err != nil || v != "replica" {
+				t.Errorf("read on a connection idle through the outage: served by the %s (%v)", v, err)
+			}
+			if n := c.topo.replicas[0]; n.down.Load() || n.fails.Load() > fails {
+				t.Errorf("the replica failed again (down %v, failures %d, were %d)", n.down.Load(), n.fails.Load(), fails)
+			}
+
+			// The monitor logged the node leaving reads and coming back,
+			// naming it and never the password.
+			addr := proxy.ln.Addr().String()
+			var sawDown, sawBack bool
+			for _, r := range logs.all() {
+				if strings.Contains(r.text, "hunter2") {
+					t.Errorf("a log line holds the password: %s", r.text)
+				}
+				if !strings.Contains(r.text, addr) {
+					continue
+				}
+				sawDown = sawDown || r.level == slog.LevelWarn && strings.Contains(r.text, "node down")
+				sawBack = sawBack || r.level == slog.LevelInfo && strings.Contains(r.text, "node up")
+			}
+			if !sawDown || !sawBack {
+				t.Errorf("logged node down at Warn: %v, back at Info: %v; lines: %v", sawDown, sawBack, logs.all())
+			}
+		})
+	}
+}
+
+// captureLogs is a slog.Handler that keeps every record as text.
+type captureLogs struct {
+	mu   sync.Mutex
+	recs []logRec
+}
+
+type logRec struct {
+	level slog.Level
+	text  string
+}
+
+func (h *captureLogs) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *captureLogs) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	h.mu.Lock()
+	h.recs = append(h.recs, logRec{r.Level, b.String()})
+	h.mu.Unlock()
+	return nil
+}
+
+func (h *captureLogs) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *captureLogs) WithGroup(string) slog.Handler      { return h }
+
+func (h *captureLogs) all() []logRec {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]logRec(nil), h.recs...)
+}
+
+// BenchmarkIdlePeek is what Conn.ResetSession adds each time database/sql
+// hands out a pooled connection: one non-blocking peek at the writer
+// connection's socket. It allocates nothing.
+func BenchmarkIdlePeek(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			defer c.Close()
+			io.Copy(io.Discard, c)
+		}
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	p := newSockPeek(nc)
+	if p == nil {
+		b.Skip("no socket peek on this platform")
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if p.gone() {
+			b.Fatal("a live connection looks gone")
+		}
+	}
+}
