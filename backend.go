@@ -23,6 +23,7 @@ type backend struct {
 	wire  *wire.Conn     // nil when pgryw's statements cannot ride along
 	pre   slot           // a statement riding in front of the next one (a replica's check)
 	post  slot           // a statement riding behind the next one (a capture or a replay poll)
+	post2 slot           // the capture's other slot, while one waits to be settled (deferred.go)
 	state slot           // session state: its read-back on the primary, settings on a replica
 	reset wire.Injection // reset_session's reset, riding in front of a statement
 
@@ -84,6 +85,13 @@ func (b *backend) closed() bool {
 // connection (it died, was shut down or killed the session): nothing sent
 // on it could run.
 func (b *backend) gone() bool {
+	if b.wire != nil {
+		// Bytes the wire layer already read off the socket (settling a
+		// ride-along answer) come before anything still in it.
+		if first, ok := b.wire.PendingByte(); ok {
+			return first == 'N' || first == 'E'
+		}
+	}
 	return b.peek != nil && b.peek.gone()
 }
 

@@ -89,7 +89,11 @@ func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, 
 		ws.commits = commits
 		ws.seen = cn.lostSeen(ctx)
 		if w.wire != nil && endsIdle(cls, ws.idleBefore) {
-			ws.inj = w.injectPrepared(&w.post, stmtCapture, sqlCapture)
+			slot := &w.post
+			if p := cn.pending; p != nil && p.inj == &w.post.inj {
+				slot = &w.post2 // the pending capture's answer is still to come
+			}
+			ws.inj = w.injectPrepared(slot, stmtCapture, sqlCapture)
 			w.wire.AppendAfterExec(ws.inj)
 		}
 	}
@@ -114,17 +118,51 @@ func (cn *Conn) commits(cls *sqlclass.Result) bool {
 // tracks Exec'd transaction blocks, and moves the watermarks.
 func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 	w := cn.primary
-	cls := ws.cls
+	cn.applyArrived() // the last statement's capture came before this one's answer
 	if ws.reset != nil && ws.inj == nil && ws.state == nil {
 		w.wire.Disarm()
 	}
 	cn.settleReset(ctx, ws.reset)
-	pos, havePos := cn.settleCapture(ctx, w, ws.inj)
-	cn.settleReadBack(ctx, ws, err)
 	closed := w.closed()
 	inBlock := !closed && !w.idle()
+	wrote := cn.blockEffects(ws, err, inBlock)
+	if cn.c.cfg.ReadYourWrites && cn.deferCapture(ctx, ws, err, wrote) {
+		cn.settleReadBack(ctx, ws, err)
+		return
+	}
+	pos, havePos := cn.settleCapture(ctx, w, ws.inj)
+	cn.settleReadBack(ctx, ws, err)
+	closed = w.closed()
+	inBlock = !closed && !w.idle()
+	if !cn.c.cfg.ReadYourWrites {
+		return
+	}
+	switch {
+	case havePos && wrote:
+		cn.advance(ctx, pos, ws.seen)
+	case havePos:
+		cn.raiseConn(pos, ws.seen)
+	case wrote && !closed && !inBlock && ctx.Err() == nil:
+		// No ride-along (a multi-statement string with transaction
+		// control): read the position with a round trip of its own.
+		cn.captureNow(ctx)
+	case wrote:
+		cn.markLost(ctx, true)
+	case w.wire != nil && (closed || !inBlock):
+		// A statement that read on the primary without a position (its
+		// answer was lost, or the caller's context ended first and the
+		// connection was closed): the connection's next replica read must
+		// not see less, so it captures first.
+		cn.markLost(ctx, false)
+	}
+}
 
-	// wrote: a write may have committed, so its position must be covered.
+// blockEffects tracks Exec'd transaction blocks through a statement that
+// has run on the primary (err is its outcome; inBlock: a block is open
+// now), and reports whether a write may have committed, so that its
+// position must be covered.
+func (cn *Conn) blockEffects(ws *primaryStmt, err error, inBlock bool) bool {
+	cls := ws.cls
 	var wrote bool
 	switch {
 	case cls.Mixed:
@@ -161,27 +199,7 @@ func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 	default:
 		wrote = ws.commits
 	}
-	if !cn.c.cfg.ReadYourWrites {
-		return
-	}
-	switch {
-	case havePos && wrote:
-		cn.advance(ctx, pos, ws.seen)
-	case havePos:
-		cn.raiseConn(pos, ws.seen)
-	case wrote && !closed && !inBlock && ctx.Err() == nil:
-		// No ride-along (a multi-statement string with transaction
-		// control): read the position with a round trip of its own.
-		cn.captureNow(ctx)
-	case wrote:
-		cn.markLost(ctx, true)
-	case w.wire != nil && (closed || !inBlock):
-		// A statement that read on the primary without a position (its
-		// answer was lost, or the caller's context ended first and the
-		// connection was closed): the connection's next replica read must
-		// not see less, so it captures first.
-		cn.markLost(ctx, false)
-	}
+	return wrote
 }
 
 // settleCapture reads the answer to a ride-along capture, within the
@@ -248,11 +266,16 @@ func (cn *Conn) captureNow(ctx context.Context) {
 // (on this connection and, with session_scope=db, on the pool), or only
 // this connection's read floor.
 func (cn *Conn) markLost(ctx context.Context, commit bool) {
+	cn.markLostFor(SessionFrom(ctx), commit)
+}
+
+// markLostFor is markLost for the statement's Session cs (nil: none).
+func (cn *Conn) markLostFor(cs *Session, commit bool) {
 	cn.sess.markLost()
 	if commit && cn.c.cfg.SessionScope == ScopeDB {
 		cn.c.db.markLost()
 	}
-	if cs := SessionFrom(ctx); commit && cs != nil {
+	if commit && cs != nil {
 		cs.markLost()
 	}
 }
@@ -263,6 +286,18 @@ func (cn *Conn) markLost(ctx context.Context, commit bool) {
 // writer that has since been replaced raises this connection's watermark
 // alone (see sawPrimary).
 func (cn *Conn) advance(ctx context.Context, p primaryPos, seen lostSeen) {
+	if cs := SessionFrom(ctx); cs != nil {
+		cn.c.generationOf(ctx, cn.primary) // read once per connector, on this idle connection
+		cn.advanceFor(cs, p, seen)
+		return
+	}
+	cn.advanceFor(nil, p, seen)
+}
+
+// advanceFor is advance for the statement's Session cs (nil: none), once
+// the primary's system identifier is known (or known to be unreadable): it
+// sends nothing, so it may run on another connection's goroutine.
+func (cn *Conn) advanceFor(cs *Session, p primaryPos, seen lostSeen) {
 	if !cn.raiseConn(p, seen) {
 		return
 	}
@@ -270,8 +305,8 @@ func (cn *Conn) advance(ctx context.Context, p primaryPos, seen lostSeen) {
 		cn.c.db.wm.Advance(p.lsn)
 		cn.c.db.cover(seen.db)
 	}
-	if cs := SessionFrom(ctx); cs != nil {
-		cs.advanceAt(cn.c.genAt(ctx, cn.primary, p.tli), p.lsn)
+	if cs != nil {
+		cs.advanceAt(cn.c.genAt(context.Background(), cn.primary, p.tli), p.lsn)
 		cs.cover(seen.ctx)
 	}
 }
@@ -300,6 +335,20 @@ func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
 		return 0, nil
 	}
 	db := cn.c.cfg.SessionScope == ScopeDB
+	// Writes that returned before their positions arrived (deferred.go).
+	if err := cn.settlePending(ctx, true); err != nil {
+		return 0, err
+	}
+	if db {
+		if err := cn.c.inflight.settle(ctx); err != nil {
+			return 0, err
+		}
+	}
+	if cs := SessionFrom(ctx); cs != nil {
+		if err := cs.inflight.settle(ctx); err != nil {
+			return 0, err
+		}
+	}
 	cs := SessionFrom(ctx)
 	_, connLost := cn.sess.pending()
 	dbLost, csLost := false, false
@@ -378,6 +427,9 @@ func (cn *Conn) RunOnPrimary(ctx context.Context, f func(*pgx.Conn) error) error
 	sc, ok := cn.primary.conn.(*stdlib.Conn)
 	if !ok {
 		return errors.New("pgryw: RunOnPrimary needs a pgx connection")
+	}
+	if err := cn.settlePending(ctx, true); err != nil {
+		return err
 	}
 	if cn.resetPending && cn.primary.idle() {
 		cn.resetPending = false

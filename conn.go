@@ -26,6 +26,10 @@ type Conn struct {
 	// 0: reads go to replicas, with the session's settings carried along.
 	pins pinReason
 
+	// pending: the capture behind this connection's last statement on the
+	// primary, left to be settled later (deferred.go).
+	pending *pendingCapture
+
 	// resetPending: reset_session's reset rides in front of the next
 	// statement on the primary.
 	resetPending bool
@@ -45,6 +49,7 @@ type Conn struct {
 
 // Close implements driver.Conn.
 func (cn *Conn) Close() error {
+	cn.closePending()
 	cn.setPins(0, "connection closed")
 	cn.releaseFallback()
 	err := cn.primary.close()
@@ -80,6 +85,9 @@ func (cn *Conn) CheckNamedValue(*driver.NamedValue) error { return nil }
 
 // Ping implements driver.Pinger against the primary.
 func (cn *Conn) Ping(ctx context.Context) error {
+	if err := cn.settlePending(ctx, false); err != nil {
+		return err
+	}
 	if p, ok := cn.primary.conn.(driver.Pinger); ok {
 		return p.Ping(ctx)
 	}
@@ -93,6 +101,9 @@ func (cn *Conn) Ping(ctx context.Context) error {
 // down, as in a failover) is reported bad before anything is sent on it,
 // so database/sql takes another, which reaches the writer there is now.
 func (cn *Conn) ResetSession(ctx context.Context) error {
+	if err := cn.settlePending(ctx, false); err != nil {
+		return err
+	}
 	for i, b := range cn.replicas {
 		if b != nil && b.closed() {
 			b.close()
@@ -123,6 +134,9 @@ func (cn *Conn) IsValid() bool {
 
 // ExecContext implements driver.ExecerContext.
 func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if err := cn.settlePending(ctx, false); err != nil {
+		return nil, err
+	}
 	if cn.tx != nil {
 		return cn.tx.exec(ctx, query, args)
 	}
@@ -168,6 +182,9 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 
 // QueryContext implements driver.QueryerContext.
 func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if err := cn.settlePending(ctx, false); err != nil {
+		return nil, err
+	}
 	if cn.tx != nil {
 		return cn.tx.query(ctx, query, args)
 	}

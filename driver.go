@@ -70,8 +70,9 @@ type Connector struct {
 	replicas []driver.Connector
 	topo     topology
 
-	db      Session
-	classes classCache
+	db       Session
+	inflight pendingSet // captures of possible commits the pool's watermark awaits (deferred.go)
+	classes  classCache
 
 	readFuncs, writeFuncs map[string]bool
 	funcs                 funcCatalog

@@ -84,7 +84,31 @@ func (c *Connector) runMonitor(ctx context.Context) {
 			c.watch(ctx, n)
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.settleInflight(ctx)
+	}()
 	wg.Wait()
+}
+
+// settleInflight settles, every monitorInterval, the captures of writes
+// that returned before their positions arrived and that nothing has needed
+// since (deferred.go): their positions teach the lag estimates when the
+// primary was where.
+func (c *Connector) settleInflight(ctx context.Context) {
+	t := time.NewTicker(monitorInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sctx, cancel := context.WithTimeout(ctx, monitorTimeout)
+		c.inflight.settle(sctx)
+		cancel()
+	}
 }
 
 // watch probes one node whenever it is due, until ctx ends, and logs what

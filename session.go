@@ -48,6 +48,10 @@ type Session struct {
 	// settings here, which its replica connections are given (state.go).
 	// Only that connection touches them, one statement at a time.
 	set settings
+
+	// inflight: captures of this Session's possible commits whose answers
+	// were still on their way when the statements returned (deferred.go).
+	inflight pendingSet
 }
 
 // generation names one history of the primary: its system identifier and
@@ -152,6 +156,8 @@ func (s *Session) position() (generation, lsn.LSN) {
 // has keys), or "" before the session has a position. Another Session, in
 // this process or another, takes it in with Observe.
 func (s *Session) Token() string {
+	// Writes that returned before their positions arrived (deferred.go).
+	s.inflight.settle(context.Background())
 	s.mu.Lock()
 	t, keys := s.token(), s.keys
 	s.mu.Unlock()

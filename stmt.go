@@ -71,6 +71,9 @@ type tx struct {
 
 // BeginTx implements driver.ConnBeginTx.
 func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if err := cn.settlePending(ctx, false); err != nil {
+		return nil, err
+	}
 	if cn.c.plain {
 		t, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 		cn.servedPlain(ctx, true)

@@ -44,19 +44,42 @@ type Injection struct {
 	row  []string // first DataRow, text format; nil entries are NULL
 	null []bool
 	err  *pgconn.PgError
+
+	// mu is the lock of the Conn it was armed on: its answer is filled in
+	// by whichever goroutine reads the socket (pgx's, or an Await on
+	// another's behalf), so the accessors take it.
+	mu *sync.Mutex
+}
+
+func (in *Injection) lock() func() {
+	if in.mu == nil {
+		return func() {}
+	}
+	in.mu.Lock()
+	return in.mu.Unlock
 }
 
 // Sent reports whether the statement went out on the wire.
-func (in *Injection) Sent() bool { return in.sent }
+func (in *Injection) Sent() bool {
+	defer in.lock()()
+	return in.sent
+}
 
 // Done reports whether its whole answer has arrived.
-func (in *Injection) Done() bool { return in.done }
+func (in *Injection) Done() bool {
+	defer in.lock()()
+	return in.done
+}
 
 // Row returns the first row's values as text and which were NULL.
-func (in *Injection) Row() ([]string, []bool) { return in.row, in.null }
+func (in *Injection) Row() ([]string, []bool) {
+	defer in.lock()()
+	return in.row, in.null
+}
 
 // Err returns the server's error for the statement, if any.
 func (in *Injection) Err() error {
+	defer in.lock()()
 	if in.err != nil {
 		return in.err
 	}
@@ -65,12 +88,12 @@ func (in *Injection) Err() error {
 
 // Reset readies in for reuse with a new SQL text.
 func (in *Injection) Reset(sql string) {
-	*in = Injection{SQL: sql, row: in.row[:0], null: in.null[:0]}
+	*in = Injection{SQL: sql, row: in.row[:0], null: in.null[:0], mu: in.mu}
 }
 
 // ResetMessages readies in for reuse with prebuilt frontend messages.
 func (in *Injection) ResetMessages(msgs []byte) {
-	*in = Injection{Msgs: msgs, row: in.row[:0], null: in.null[:0]}
+	*in = Injection{Msgs: msgs, row: in.row[:0], null: in.null[:0], mu: in.mu}
 }
 
 func (in *Injection) appendTo(buf []byte) []byte {
@@ -118,6 +141,7 @@ func Wrap(c net.Conn) *Conn { return &Conn{Conn: c} }
 // Prefix arms in to be sent ahead of pgx's next write, after any injection
 // armed before it.
 func (c *Conn) Prefix(in *Injection) {
+	in.mu = &c.mu
 	c.mu.Lock()
 	c.prefix = append(c.prefix, in)
 	c.mu.Unlock()
@@ -126,6 +150,7 @@ func (c *Conn) Prefix(in *Injection) {
 // AppendAfterExec arms in to be sent behind pgx's next write that contains
 // an Execute or a Query message, after any injection armed before it.
 func (c *Conn) AppendAfterExec(in *Injection) {
+	in.mu = &c.mu
 	c.mu.Lock()
 	c.suffix = append(c.suffix, in)
 	c.mu.Unlock()
@@ -283,6 +308,30 @@ func appendQuery(buf []byte, sql string) []byte {
 	buf = binary.BigEndian.AppendUint32(buf, uint32(4+len(sql)+1))
 	buf = append(buf, sql...)
 	return append(buf, 0)
+}
+
+// Result returns in's answer as far as it has arrived, read under the
+// connection's lock: for a goroutine other than the one using the
+// connection, while pgx's reads may be filling it in.
+func (c *Conn) Result(in *Injection) (done bool, row []string, null []bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if in.err != nil {
+		err = in.err
+	}
+	return in.done, append([]string(nil), in.row...), append([]bool(nil), in.null...), err
+}
+
+// PendingByte returns the first byte Await read from the socket and kept
+// for pgx's next Read, if any: on an idle connection, the start of
+// whatever the server sent unasked.
+func (c *Conn) PendingByte() (byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) == 0 {
+		return 0, false
+	}
+	return c.pending[0], true
 }
 
 // Read implements net.Conn, removing pgryw's answers from what pgx reads.

@@ -1,0 +1,242 @@
+package pgryw
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/pgryw/pgryw/internal/wire"
+)
+
+// A write's position, read after the write has returned.
+//
+// The capture riding behind a statement on the primary is answered after
+// the statement's own ReadyForQuery, which the server flushes first: waiting
+// for it would add the capture's execution and a second packet to every
+// write. So when a statement succeeded and the capture's answer is not in
+// yet, the statement returns at once and the capture stays pending until
+// something needs it, which settles it first:
+//
+//   - the connection's own next statement: pgx's read of its answer takes
+//     the capture's answer off the socket first (the wire layer strips
+//     it), and it is applied then, at no cost; a replica read, which needs
+//     the position before it is sent, waits for it; Close waits a moment;
+//   - a read on any connection of the pool that answers to the pool's
+//     watermark (session_scope=db), and a read or a Token of the Session the
+//     write was made with: they settle every capture of a possible commit
+//     pending for them, reading the writing connection's socket if need be
+//     (wire.Await runs beside pgx's use of it).
+//
+// A capture that cannot be settled (the connection broke) counts as a lost
+// position, as before: the next read that needs it captures a fresh one.
+// Only a statement that succeeded is deferred, and only when no other
+// answer of pgryw's rides behind it; everything else settles at once.
+
+// pendingCapture is a capture whose answer had not arrived when its
+// statement returned.
+type pendingCapture struct {
+	mu      sync.Mutex
+	cn      *Conn
+	b       *backend
+	inj     *wire.Injection
+	wrote   bool     // a possible commit: it advances the shared watermarks
+	seen    lostSeen // lost counts before it was sent
+	cs      *Session // the statement's context's Session, if any
+	db      bool     // registered with the connector (session_scope=db)
+	settled bool
+}
+
+// pendingSet is the captures of possible commits that reads elsewhere may
+// need: the connector's (for the pool's watermark) and a Session's.
+type pendingSet struct {
+	mu   sync.Mutex
+	list []*pendingCapture
+}
+
+func (s *pendingSet) add(p *pendingCapture) {
+	s.mu.Lock()
+	s.list = append(s.list, p)
+	s.mu.Unlock()
+}
+
+func (s *pendingSet) remove(p *pendingCapture) {
+	s.mu.Lock()
+	for i, q := range s.list {
+		if q == p {
+			s.list = append(s.list[:i], s.list[i+1:]...)
+			break
+		}
+	}
+	s.mu.Unlock()
+}
+
+// settle settles every capture in the set, within ctx.
+func (s *pendingSet) settle(ctx context.Context) error {
+	s.mu.Lock()
+	if len(s.list) == 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	list := append([]*pendingCapture(nil), s.list...)
+	s.mu.Unlock()
+	for _, p := range list {
+		if err := p.settle(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deferCapture reports whether the capture behind a statement that has
+// just returned can be left pending, and if so leaves it pending.
+func (cn *Conn) deferCapture(ctx context.Context, ws *primaryStmt, err error, wrote bool) bool {
+	inj := ws.inj
+	w := cn.primary
+	if inj == nil || err != nil || !inj.Sent() || inj.Done() || ws.state != nil || ws.reset != nil || w.closed() || !w.idle() || cn.pending != nil {
+		return false
+	}
+	cs := SessionFrom(ctx)
+	if cs != nil && wrote && cn.c.sysID.Load() == 0 && !cn.c.sysTried.Load() {
+		return false // the Session's generation needs a query on this connection first
+	}
+	w.wire.Disarm()
+	p := &pendingCapture{cn: cn, b: w, inj: inj, wrote: wrote, seen: ws.seen}
+	if wrote {
+		p.cs = cs
+		if cn.c.cfg.SessionScope == ScopeDB {
+			p.db = true
+			cn.c.inflight.add(p)
+		}
+		if cs != nil {
+			cs.inflight.add(p)
+		}
+	}
+	cn.pending = p
+	return true
+}
+
+// settlePending settles this connection's pending capture, if any, before
+// the connection is used again: waiting for its answer when need is set
+// (the position is needed now), else only if the answer is in. An answer
+// still on its way is read by pgx's next read on the connection (the wire
+// layer takes it off), and applied after that statement (applyArrived).
+func (cn *Conn) settlePending(ctx context.Context, need bool) error {
+	p := cn.pending
+	if p == nil {
+		return nil
+	}
+	if !need && !p.ready() && !cn.primary.closed() {
+		return nil
+	}
+	if err := p.settle(ctx); err != nil {
+		return err
+	}
+	cn.pending = nil
+	return nil
+}
+
+// applyArrived settles the pending capture once its answer is in, without
+// waiting: after a statement on the primary, whose answer came after it.
+func (cn *Conn) applyArrived() {
+	if p := cn.pending; p != nil && (p.ready() || cn.primary.closed()) {
+		p.settle(context.Background())
+		cn.pending = nil
+	}
+}
+
+// ready reports that p's answer is in, so settling it does not wait.
+func (p *pendingCapture) ready() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	done, _, _, _ := p.b.wire.Result(p.inj)
+	return p.settled || done
+}
+
+// settle reads p's answer, within ctx, and applies it. When ctx ends first
+// p stays pending (whoever needs it next settles it) and ctx's error is
+// returned.
+func (p *pendingCapture) settle(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.settled {
+		return nil
+	}
+	// Only the wire layer's view of the connection: this may run on
+	// another goroutine than the one using it.
+	b := p.b
+	if done, _, _, _ := b.wire.Result(p.inj); !done {
+		if err := b.wire.Await(ctx, p.inj); err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	p.settled = true
+	if p.db {
+		p.cn.c.inflight.remove(p)
+	}
+	if p.cs != nil {
+		p.cs.inflight.remove(p)
+	}
+	p.cn.applyPending(p)
+	return nil
+}
+
+// applyPending does with a settled capture what afterPrimary does with one
+// it waited for.
+func (cn *Conn) applyPending(p *pendingCapture) {
+	c := cn.c
+	done, row, null, err := p.b.wire.Result(p.inj)
+	var (
+		pos primaryPos
+		ok  bool
+	)
+	switch {
+	case !done:
+	case err != nil:
+		// A prepared capture dropped behind pgryw's back is prepared again
+		// by forgetPrepared before DEALLOCATE and DISCARD ALL; nothing here
+		// touches the connection, which another goroutine may be using.
+		c.stats.captureFailures.Add(1)
+	default:
+		if len(row) == 3 && !null[0] {
+			var err error
+			pos, err = parseCapture(row)
+			ok = err == nil
+		}
+	}
+	switch {
+	case ok && p.wrote:
+		c.stats.captures.Add(1)
+		cn.advanceFor(p.cs, pos, p.seen)
+	case ok:
+		c.stats.captures.Add(1)
+		cn.raiseConn(pos, p.seen)
+	default:
+		cn.markLostFor(p.cs, p.wrote)
+	}
+}
+
+// closePending settles the connection's pending capture before it closes,
+// giving the answer a moment to arrive.
+func (cn *Conn) closePending() {
+	if cn.pending == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if cn.settlePending(ctx, true) != nil {
+		p := cn.pending
+		p.mu.Lock()
+		if !p.settled {
+			p.settled = true
+			if p.db {
+				cn.c.inflight.remove(p)
+			}
+			if p.cs != nil {
+				p.cs.inflight.remove(p)
+			}
+			cn.markLostFor(p.cs, p.wrote)
+		}
+		p.mu.Unlock()
+		cn.pending = nil
+	}
+}
