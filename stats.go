@@ -60,6 +60,11 @@ type NodeStats struct {
 	// the first measurement.
 	Lag   time.Duration
 	LagAt time.Time
+
+	// Pinned, on the primary: connections whose reads stay there now
+	// because of session state they hold (Stats.Pinned; Stats.PinnedBy
+	// says why).
+	Pinned int64
 }
 
 // Health is a node's state as pgryw sees it.
@@ -202,6 +207,7 @@ func (c *Connector) nodeStats(n *node, role Role) NodeStats {
 		s.Misses[i] = o.misses[i].Load()
 	}
 	if role == RolePrimary {
+		s.Pinned = c.stats.pinned.Load()
 		s.Position = uint64(c.topo.hist.latest())
 	} else {
 		s.Position = uint64(n.knownReplay())

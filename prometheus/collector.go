@@ -27,6 +27,7 @@ type Collector struct {
 	up, state, position, lag, lagTimestamp              *prometheus.Desc
 
 	captures, captureFailures, behindErrors, tokensClamped, tokensRebased *prometheus.Desc
+	pinned                                                                *prometheus.Desc
 }
 
 // Option configures NewCollector.
@@ -74,6 +75,7 @@ func NewCollector(c *pgryw.Connector, opts ...Option) *Collector {
 		behindErrors:    desc("behind_errors_total", "Reads that returned ErrReplicaBehind (on_timeout=error)."),
 		tokensClamped:   desc("tokens_clamped_total", "Session positions beyond anything the primary had written, lowered to its position."),
 		tokensRebased:   desc("tokens_rebased_total", "Session positions from another primary generation, moved to the current one."),
+		pinned:          desc("pinned_connections", "Connections whose reads stay on the primary because of session state they hold, by reason (a connection may count under several).", "reason"),
 	}
 }
 
@@ -84,6 +86,7 @@ func (col *Collector) Describe(ch chan<- *prometheus.Desc) {
 		col.waitSeconds, col.waitTimeouts, col.fallbacks, col.misses,
 		col.up, col.state, col.position, col.lag, col.lagTimestamp,
 		col.captures, col.captureFailures, col.behindErrors, col.tokensClamped, col.tokensRebased,
+		col.pinned,
 	} {
 		ch <- d
 	}
@@ -154,6 +157,9 @@ func (col *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(col.behindErrors, st.BehindErrors)
 	counter(col.tokensClamped, st.TokensClamped)
 	counter(col.tokensRebased, st.TokensRebased)
+	for reason, n := range st.PinnedBy {
+		gauge(col.pinned, float64(n), label(reason))
+	}
 }
 
 var _ prometheus.Collector = (*Collector)(nil)

@@ -71,6 +71,16 @@ func TestScrape(t *testing.T) {
 		read(i)
 	}
 
+	// A connection pinned to the primary by an advisory lock it holds.
+	held, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if _, err := held.ExecContext(context.Background(), "SELECT pg_advisory_lock(7)"); err != nil {
+		t.Fatal(err)
+	}
+
 	c, err := pgryw.ConnectorOf(db)
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +195,8 @@ func TestScrape(t *testing.T) {
 		fallbacks += v
 	}
 	expect("fallbacks", fallbacks, st.Fallbacks)
-	expect("primary reads", value("pgryw_node_reads_total", p...), st.Fallbacks)
+	expect("primary reads", value("pgryw_node_reads_total", p...), st.Fallbacks+1) // and the lock
+	expect("pinned by a lock", value("pgryw_pinned_connections", "reason", "advisory_lock"), 1)
 
 	r := []string{"node", replica.Addr, "role", "replica"}
 	expect("misses unreachable", value("pgryw_node_misses_total", append(r, "reason", "unreachable")...), replica.Misses[pgryw.FallbackUnreachable])
