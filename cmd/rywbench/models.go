@@ -30,6 +30,14 @@ import (
 //	                    the capture's answer (what pgryw waits for), "own" =
 //	                    until the insert's own answer (where a write could return)
 //
+// Two read-only models read a row written before the run, with no write and
+// no watermark, as pgryw-read and replica-read do:
+//
+//	wire-read           the read alone: Bind/Execute/Sync of the prepared read
+//	wire-read-trail     the read with pgryw's trailing replay poll behind it in
+//	                    the same flush, its answer awaited (pgryw's read with
+//	                    no pending watermark)
+//
 // The read models insert like wire-capture (their read starts once the
 // capture's answer is in, as pgryw's does) and then read the row on a
 // replica:
@@ -51,6 +59,8 @@ import (
 const (
 	wireInsert       = "wire-insert"
 	wireCapture      = "wire-capture"
+	wireRead         = "wire-read"
+	wireReadTrail    = "wire-read-trail"
 	wirePollSpin     = "wire-poll-spin"
 	wirePollTrail    = "wire-poll-trail"
 	wirePollBackoff  = "wire-poll-backoff"
@@ -59,7 +69,7 @@ const (
 	wireDoWait       = "wire-do-wait"
 )
 
-var modelStrategies = []string{wireInsert, wireCapture, wirePollSpin, wirePollTrail, wirePollBackoff, wireWaitFor, wireWaitForTrail, wireDoWait}
+var modelStrategies = []string{wireInsert, wireCapture, wireRead, wireReadTrail, wirePollSpin, wirePollTrail, wirePollBackoff, wireWaitFor, wireWaitForTrail, wireDoWait}
 
 // The statements the models prepare, by name. capture and poll are pgryw's
 // (wait.go).
@@ -85,6 +95,9 @@ type model struct {
 
 func newModel(kind string, e *env, cfg *config) *model {
 	ins, get := statements(tableName(kind))
+	if kind == wireRead || kind == wireReadTrail {
+		_, get = statements(preloadTable)
+	}
 	m := &model{kind: kind, budget: cfg.budget, primaryDSN: e.primaryDSN, replicaDSNs: cfg.replicaDSNs, insertSQL: ins, getSQL: get}
 	m.prim = connPool{free: make(chan *rawConn, cfg.workers), dial: func(ctx context.Context) (*rawConn, error) {
 		return dialRaw(ctx, m.primaryDSN, map[string]parsed{"ins": {ins, []uint32{oidInt8, oidInt8}}, "cap": {sqlCaptureModel, nil}})
@@ -100,8 +113,11 @@ func newModel(kind string, e *env, cfg *config) *model {
 func (m *model) name() string { return m.kind }
 
 func (m *model) shape() shape {
-	if m.kind == wireInsert || m.kind == wireCapture {
+	switch m.kind {
+	case wireInsert, wireCapture:
 		return insertOnly
+	case wireRead, wireReadTrail:
+		return readOnly
 	}
 	return insertRead
 }
@@ -158,11 +174,14 @@ func (m *model) insert(ctx context.Context, id, v int64) (time.Duration, error) 
 }
 
 func (m *model) read(ctx context.Context, id int64) (readOut, error) {
-	t, ok := m.targets.LoadAndDelete(id)
-	if !ok {
-		return readOut{}, errors.New("no captured position for the row")
+	var target lsn.LSN
+	if m.shape() == insertRead {
+		t, ok := m.targets.LoadAndDelete(id)
+		if !ok {
+			return readOut{}, errors.New("no captured position for the row")
+		}
+		target = t.(lsn.LSN)
 	}
-	target := t.(lsn.LSN)
 	pool := &m.repl[uint64(id)%uint64(len(m.repl))]
 	c, err := pool.get(ctx)
 	if err != nil {
@@ -177,8 +196,10 @@ func (m *model) read(ctx context.Context, id int64) (readOut, error) {
 			check, get group
 			err        error
 		)
-		trail := m.kind == wirePollTrail || m.kind == wirePollBackoff || m.kind == wireWaitForTrail
+		trail := m.kind == wirePollTrail || m.kind == wirePollBackoff || m.kind == wireWaitForTrail || m.kind == wireReadTrail
 		switch m.kind {
+		case wireRead, wireReadTrail:
+			c.execPrepared("get", idArg)
 		case wireDoWait:
 			c.execUnnamed(doWaitSQL(target, m.budget))
 			c.fe.Send(&pgproto3.Bind{PreparedStatement: "get", Parameters: [][]byte{idArg}})
@@ -197,7 +218,7 @@ func (m *model) read(ctx context.Context, id int64) (readOut, error) {
 		if err := c.flush(); err != nil {
 			return readOut{}, c.broken(err)
 		}
-		if m.kind != wireDoWait {
+		if m.kind != wireDoWait && m.shape() == insertRead {
 			if check, err = c.group(); err != nil {
 				return readOut{}, err
 			}
@@ -219,6 +240,8 @@ func (m *model) read(ctx context.Context, id int64) (readOut, error) {
 			out.port, _ = strconv.ParseInt(string(get.row[1]), 10, 64)
 		}
 		switch m.kind {
+		case wireRead, wireReadTrail:
+			return out, get.err
 		case wireDoWait:
 			// The wait raised (the read did not run) or the read failed.
 			if get.err != nil && !errors.Is(get.err, errDoTimeout) {
