@@ -99,6 +99,7 @@ type config struct {
 	primary                               string
 	replicaDSNs                           []string
 	explicit                              map[string]bool // strategies named one by one, not by "all"
+	mix                                   bool            // -mix: strategies mixed within each worker's loop
 	pgss                                  bool            // count statements with pg_stat_statements
 	settings                              []string        // -conf: extra postgresql.conf lines
 	load                                  bool            // the load test instead of the latency run
@@ -131,6 +132,7 @@ func parseFlags() (*config, error) {
 	flag.DurationVar(&cfg.sleep, "sleep", 50*time.Millisecond, "sleep-replica's pause before reading")
 	flag.StringVar(&strategies, "strategies", "default", "comma-separated strategies to run; \"default\" = "+strings.Join(defaultStrategies, ",")+
 		"; \"all\" adds the wire-level models "+strings.Join(modelStrategies, ",")+"; with -load: "+strings.Join(loadStrategies, ","))
+	flag.BoolVar(&cfg.mix, "mix", false, "interleave the strategies iteration by iteration within each worker instead of running one strategy at a time (finer interleaving; no server cost per strategy)")
 	flag.BoolVar(&cfg.pgss, "pgss", false, "count the statements each strategy makes the servers run, with pg_stat_statements (loaded into a local cluster; given servers must have it in shared_preload_libraries)")
 	flag.Var(&settings, "conf", "a postgresql.conf line for every node of a local cluster, e.g. -conf \"hot_standby_feedback = off\"; repeatable")
 	flag.BoolVar(&cfg.load, "load", false, "load test: -workers (default 32) run mixed writes and reads for -load-time per strategy; reports throughput and the server connections each node sees")
@@ -215,6 +217,8 @@ func parseFlags() (*config, error) {
 		return nil, errors.New("-delay and -sleep must not be negative")
 	case cfg.load && (cfg.loadTime < 100*time.Millisecond || cfg.writeShare < 0 || cfg.writeShare > 1):
 		return nil, errors.New("-load-time must be at least 100ms and -write-share between 0 and 1")
+	case cfg.mix && cfg.pgss:
+		return nil, errors.New("-pgss needs one strategy at a time: not with -mix")
 	case cfg.primary != "" && len(cfg.settings) > 0:
 		return nil, errors.New("-conf applies only to a local cluster, not with -primary")
 	case cfg.primary == "" && len(cfg.replicaDSNs) > 0:
@@ -314,8 +318,9 @@ func fail(ctx context.Context, err error) int {
 type env struct {
 	cluster          *pgtest.Cluster // nil with -primary
 	primaryDSN       string
-	replicaAddrs     []string // host:port, for pgryw's replicas key
-	pools            *pools
+	replicaAddrs     []string                  // host:port, for pgryw's replicas key
+	pools            *pools                    // the setup's own
+	basePools        map[string]*pools         // each plain-pgx strategy's own, by name
 	pgryws           map[string]*pgrywStrategy // the pgryw strategies that run, by name
 	models           map[string]*model         // the wire-level models that run, by name
 	meter            *costMeter
@@ -340,6 +345,9 @@ func (e *env) close() {
 		m.close()
 	}
 	e.meter.close()
+	for _, p := range e.basePools {
+		p.close()
+	}
 	if e.pools != nil {
 		e.pools.primary.Close()
 		for _, r := range e.pools.replicas {
@@ -358,7 +366,13 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 		fmt.Fprintf(os.Stderr, "rywbench: starting a local PostgreSQL primary and %d replica(s), apply delay %v...\n", cfg.replicas, cfg.delay)
 		t0 := time.Now()
 		startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		settings := slices.Clone(cfg.settings)
+		var settings []string
+		// Every strategy has pools of its own, up to -workers connections
+		// each on every node; pgtest allows 200.
+		if need := cfg.workers*(len(cfg.strategies)+2) + 50; need > 200 {
+			settings = append(settings, fmt.Sprintf("max_connections = %d", need))
+		}
+		settings = append(settings, cfg.settings...) // -conf wins
 		if cfg.pgss {
 			// Before -conf's lines, which may extend it.
 			settings = append([]string{"shared_preload_libraries = 'pg_stat_statements'", "pg_stat_statements.max = 50000"}, settings...)
@@ -458,8 +472,25 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 
 	e.pgryws = map[string]*pgrywStrategy{}
 	e.models = map[string]*model{}
+	e.basePools = map[string]*pools{}
 	for _, s := range cfg.strategies {
 		switch {
+		case !slices.Contains(pgrywKinds, s) && !slices.Contains(modelStrategies, s):
+			// Pools of its own, as each pgryw strategy has: a pool shared
+			// by several strategies hands each worker other connections
+			// than one of its own would (measurably slower here).
+			bp := &pools{budget: p.budget, sleep: p.sleep, waitFor: p.waitFor}
+			e.basePools[s] = bp
+			if bp.primary, err = open(e.primaryDSN); err != nil {
+				return e, err
+			}
+			for _, d := range cfg.replicaDSNs {
+				db, err := open(d)
+				if err != nil {
+					return e, err
+				}
+				bp.replicas = append(bp.replicas, db)
+			}
 		case slices.Contains(pgrywKinds, s):
 			ps, err := newPgryw(s, e.primaryDSN, e.replicaAddrs, cfg.budget, cfg.workers)
 			if err != nil {
@@ -560,7 +591,7 @@ func (b *bench) strategies() []strategy {
 		} else if m, ok := b.env.models[name]; ok {
 			out = append(out, m)
 		} else {
-			out = append(out, newBaseline(name, b.env.pools))
+			out = append(out, newBaseline(name, b.env.basePools[name]))
 		}
 	}
 	return out
@@ -602,6 +633,19 @@ func (b *bench) run(ctx context.Context) ([]*result, error) {
 			order = append(order, strats[(k+r)%n].name())
 		}
 		b.progress.round(r+1, b.cfg.rounds, order)
+		if b.cfg.mix {
+			b.progress.strategy(r+1, b.cfg.rounds, "all strategies, mixed")
+			per, err := b.mixed(ctx, strats, iters, ids, r)
+			if err != nil {
+				return nil, err
+			}
+			for i, samples := range per {
+				for _, s := range samples {
+					results[i].add(s)
+				}
+			}
+			continue
+		}
 		for k := 0; k < n; k++ {
 			i := (k + r) % n
 			b.progress.strategy(r+1, b.cfg.rounds, strats[i].name())
@@ -633,6 +677,44 @@ func (b *bench) run(ctx context.Context) ([]*result, error) {
 		}
 	}
 	return results, nil
+}
+
+// mixed runs iters iterations of every strategy on each of the workers
+// concurrently, each worker taking the strategies in turn, one iteration
+// each, from a different starting point per worker, round and iteration:
+// every strategy meets the same machine, moment by moment. It returns the
+// samples by strategy.
+func (b *bench) mixed(ctx context.Context, strats []strategy, iters int, ids []atomic.Int64, round int) ([][]sample, error) {
+	n := len(strats)
+	perWorker := make([][][]sample, b.cfg.workers)
+	var wg sync.WaitGroup
+	for w := range perWorker {
+		perWorker[w] = make([][]sample, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range iters {
+				for k := range n {
+					if ctx.Err() != nil {
+						return
+					}
+					i := (k + w + round + it) % n
+					perWorker[w][i] = append(perWorker[w][i], b.iteration(ctx, strats[i], ids[i].Add(1)))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return nil, errInterrupted
+	}
+	out := make([][]sample, n)
+	for _, pw := range perWorker {
+		for i := range out {
+			out[i] = append(out[i], pw[i]...)
+		}
+	}
+	return out, nil
 }
 
 // slice runs iters iterations on each of the workers concurrently.

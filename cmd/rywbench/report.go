@@ -148,8 +148,12 @@ func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup 
 		where, delay = "given servers", "as configured there"
 	}
 	fmt.Fprintf(w, "rywbench: %s\n", machine(e))
-	fmt.Fprintf(w, "%d replica(s) (%s), apply delay %s, budget %v, sleep %v; %d workers x %d iterations per strategy in %d rounds\n\n",
-		cfg.replicas, where, delay, cfg.budget, cfg.sleep, cfg.workers, cfg.iterations, cfg.rounds)
+	mode := "one strategy at a time"
+	if cfg.mix {
+		mode = "strategies mixed iteration by iteration (-mix)"
+	}
+	fmt.Fprintf(w, "%d replica(s) (%s), apply delay %s, budget %v, sleep %v; %d workers x %d iterations per strategy in %d rounds, %s\n\n",
+		cfg.replicas, where, delay, cfg.budget, cfg.sleep, cfg.workers, cfg.iterations, cfg.rounds, mode)
 
 	const row = "%-18s %-11s %6s %6s %6s %8s %9s %9s %9s %10s %10s %6s\n"
 	fmt.Fprintf(w, row, "strategy", "does", "reads", "stale", "errors", "replica", "read p50", "read p95", "read p99", "write p50", "write p95", "tries")
@@ -317,6 +321,7 @@ type jsonReport struct {
 		Strategies []string `json:"strategies"`
 		Cluster    string   `json:"cluster"` // "local" or "given"
 		Demo       bool     `json:"demo"`
+		Mix        bool     `json:"mix"`
 	} `json:"settings"`
 	Machine struct {
 		GOOS             string `json:"goos"`
@@ -337,7 +342,7 @@ func printJSON(w io.Writer, cfg *config, e *env, sums []summary, elapsed time.Du
 	s := &r.Settings
 	s.Workers, s.Iterations, s.Rounds, s.Replicas = cfg.workers, cfg.iterations, cfg.rounds, cfg.replicas
 	s.Delay, s.Budget, s.Sleep = cfg.delay.String(), cfg.budget.String(), cfg.sleep.String()
-	s.Strategies, s.Demo = cfg.strategies, cfg.demo
+	s.Strategies, s.Demo, s.Mix = cfg.strategies, cfg.demo, cfg.mix
 	s.Cluster = "local"
 	if e.cluster == nil {
 		s.Cluster, s.Delay = "given", "" // the servers' own setting, unknown here

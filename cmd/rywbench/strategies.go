@@ -83,14 +83,23 @@ func statements(table string) (insert, read string) {
 		"SELECT (SELECT v FROM " + table + " WHERE id = $1), inet_server_port()"
 }
 
-// pools are the plain pgx (database/sql driver "pgx") pools the baseline
-// strategies share; only one strategy runs at a time.
+// pools are plain pgx (database/sql driver "pgx") pools: one to the primary
+// and one to each replica.
 type pools struct {
 	primary  *sql.DB
 	replicas []*sql.DB
 	budget   time.Duration // two-round-trip's wait budget
 	sleep    time.Duration // sleep-replica's pause
 	waitFor  bool          // replicas run PostgreSQL ≥ 19: use WAIT FOR LSN
+}
+
+func (p *pools) close() {
+	if p.primary != nil {
+		p.primary.Close()
+	}
+	for _, r := range p.replicas {
+		r.Close()
+	}
 }
 
 // baseline is one of the strategies built on plain pgx pools.
