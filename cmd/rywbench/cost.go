@@ -32,6 +32,7 @@ type nodeMeter struct {
 	name string
 	db   *sql.DB // pg_stat_statements queries; nil without them
 	pm   int     // postmaster pid; 0 without /proc access
+	own  int     // the backend serving db, left out of the CPU readings
 }
 
 // nodeSnap is one reading of a node.
@@ -125,15 +126,17 @@ func (m *costMeter) read(ctx context.Context, n *nodeMeter) (nodeSnap, error) {
 		// showtext false: the texts live in a file the function would
 		// otherwise read whole. This query counts itself in the next
 		// reading; costDelta.add takes it off.
-		err := n.db.QueryRowContext(ctx, "SELECT (SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements(false)), (SELECT dealloc FROM pg_stat_statements_info)").
-			Scan(&s.calls, &s.dealloc)
+		// Its own backend's CPU is left out: reading thousands of entries
+		// (one per WAIT FOR text, say) costs milliseconds.
+		err := n.db.QueryRowContext(ctx, "SELECT (SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements(false)), (SELECT dealloc FROM pg_stat_statements_info), pg_backend_pid()").
+			Scan(&s.calls, &s.dealloc, &n.own)
 		if err != nil {
 			return s, fmt.Errorf("%s: reading pg_stat_statements: %w", n.name, err)
 		}
 	}
 	if m.cpu {
 		var err error
-		if s.all, s.backends, err = treeCPU(n.pm); err != nil {
+		if s.all, s.backends, err = treeCPU(n.pm, n.own); err != nil {
 			return s, fmt.Errorf("%s: reading /proc: %w", n.name, err)
 		}
 	}
@@ -224,12 +227,13 @@ func postmasterPID(dataDir string) (int, error) {
 // Linux platform Go supports.
 const clockTick = 10 * time.Millisecond
 
-// treeCPU returns the CPU time of postmaster pm and its children (time on
-// CPU from /proc/<pid>/schedstat, in nanoseconds; plus, at clock-tick
-// resolution, the children that have exited, from the postmaster's cutime
-// and cstime), and of the client backends alone (children whose process
-// title shows a client address: "host(port)" or "[local]").
-func treeCPU(pm int) (all, backends time.Duration, err error) {
+// treeCPU returns the CPU time of postmaster pm and its children but skip
+// (time on CPU from /proc/<pid>/schedstat, in nanoseconds; plus, at
+// clock-tick resolution, the children that have exited, from the
+// postmaster's cutime and cstime), and of the client backends alone
+// (children whose process title shows a client address: "host(port)" or
+// "[local]").
+func treeCPU(pm, skip int) (all, backends time.Duration, err error) {
 	own, err := schedCPU(pm)
 	if err != nil {
 		return 0, 0, err
@@ -247,6 +251,9 @@ func treeCPU(pm int) (all, backends time.Duration, err error) {
 		return 0, 0, err
 	}
 	for _, pid := range kids {
+		if pid == skip {
+			continue
+		}
 		t, err := schedCPU(pid)
 		if err != nil {
 			continue // exited meanwhile: its time is in cutime next time
@@ -387,7 +394,7 @@ func newCostMeter(ctx context.Context, open func(dsn string) (*sql.DB, error), p
 		for i, n := range m.all() {
 			pid, err := postmasterPID(dataDirs[i])
 			if err == nil {
-				_, _, err = treeCPU(pid)
+				_, _, err = treeCPU(pid, 0)
 			}
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "rywbench: no CPU readings: the %s's processes: %v\n", n.name, err)

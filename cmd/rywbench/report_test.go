@@ -92,7 +92,7 @@ func TestTreeCPU(t *testing.T) {
 	if _, err := os.Stat("/proc/self/schedstat"); err != nil {
 		t.Skip("no /proc/self/schedstat here")
 	}
-	all, _, err := treeCPU(os.Getpid())
+	all, _, err := treeCPU(os.Getpid(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
