@@ -129,7 +129,7 @@ func printTargets(w io.Writer, ts []target, e *env, workers int) {
 	for _, t := range ts {
 		var parts []string
 		for _, r := range t.Ratios {
-			parts = append(parts, fmt.Sprintf("%s %.2fx", r.Label, r.Value))
+			parts = append(parts, fmt.Sprintf("%s %.3fx", r.Label, r.Value))
 		}
 		line := fmt.Sprintf("  %-4s  %s", t.Status, t.Name)
 		if len(parts) > 0 {
