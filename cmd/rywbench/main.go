@@ -6,13 +6,31 @@
 // served by a replica when the inet_server_port() returned by the same query
 // differs from the primary's. The strategies:
 //
-//	sticky-primary  read from the primary (plain pgx)
-//	naive-replica   read from a replica right away (plain pgx)
-//	sleep-replica   sleep -sleep, then read from a replica
-//	two-round-trip  fetch the primary's WAL insert position, wait until the
-//	                replica has replayed it (at most -budget), then read the
-//	                replica, or the primary if the budget ran out
-//	pgryw           insert and read through one pgryw pool
+//	sticky-primary    insert and read on the primary (plain pgx stdlib)
+//	naive-replica     read from a replica right away (plain pgx)
+//	spin-floor        read from a replica again and again, at once, until the
+//	                  row is there: the earliest moment the replica can answer
+//	                  with it, the floor for a read after a write (it
+//	                  overshoots by about half a round trip)
+//	sleep-replica     sleep -sleep, then read from a replica
+//	two-round-trip    fetch the primary's WAL insert position, wait until the
+//	                  replica has replayed it (at most -budget), then read the
+//	                  replica, or the primary if the budget ran out
+//	pgryw             insert and read through one pgryw pool (defaults:
+//	                  session_scope=db)
+//	pgryw-session     the same with session_scope=conn and a pgryw.Session
+//	                  per insert-and-read
+//	plain-write       the insert alone, plain pgx stdlib
+//	pgryw-write       the insert alone, through a pgryw pool with replicas
+//	replica-read      a read of a row written before the run, from a replica
+//	                  (plain pgx), with no write
+//	pgryw-read        the same through a pgryw pool that never writes (no
+//	                  pending watermark)
+//	pgryw-no-replica  insert and read through a pgryw pool without replicas
+//
+// and, only when named (-strategies all), the wire-level models of models.go.
+// The end of the report judges issue 10's targets on the run, PASS or FAIL
+// with the ratios measured.
 //
 // The strategies run interleaved: each of -rounds rounds runs every strategy
 // for a slice of the iterations, in rotating order, so machine noise hits all
@@ -21,6 +39,13 @@
 // write latency is the insert call (for pgryw it includes pgryw's capture of
 // the primary's position).
 //
+// Server cost: around each slice, the CPU time of each node's process tree
+// (/proc; local cluster) and, with -pgss, the statements it executed
+// (pg_stat_statements) are read, and reported per iteration.
+//
+// -load runs the load test instead (load.go): 32 workers, mixed writes and
+// reads, throughput and the server connections each node sees.
+//
 // Without -primary, rywbench starts a local primary and -replicas streaming
 // replicas from the PostgreSQL server binaries (internal/pgtest), with
 // recovery_min_apply_delay set to -delay to simulate lag, and stops them when
@@ -28,8 +53,10 @@
 //
 // Usage:
 //
-//	go run ./cmd/rywbench                       # all strategies, no lag
+//	go run ./cmd/rywbench                       # the default strategies, no lag
 //	go run ./cmd/rywbench -delay 50ms           # replicas 50ms behind
+//	go run ./cmd/rywbench -strategies all -pgss # with the models and statement counts
+//	go run ./cmd/rywbench -load -replicas 2     # the load test
 //	go run ./cmd/rywbench -demo                 # what `make demo` runs
 //	go run ./cmd/rywbench -json > result.json
 package main
@@ -71,6 +98,13 @@ type config struct {
 	json, demo                            bool
 	primary                               string
 	replicaDSNs                           []string
+	explicit                              map[string]bool // strategies named one by one, not by "all"
+	mix                                   bool            // -mix: strategies mixed within each worker's loop
+	pgss                                  bool            // count statements with pg_stat_statements
+	settings                              []string        // -conf: extra postgresql.conf lines
+	load                                  bool            // the load test instead of the latency run
+	loadTime                              time.Duration
+	writeShare                            float64
 }
 
 // stringList is a repeatable string flag.
@@ -87,6 +121,7 @@ func parseFlags() (*config, error) {
 		cfg        config
 		strategies string
 		replicas   stringList
+		settings   stringList
 	)
 	flag.IntVar(&cfg.workers, "workers", 8, "concurrent workers (and pool size)")
 	flag.IntVar(&cfg.iterations, "iterations", 200, "measured iterations per worker per strategy")
@@ -95,7 +130,14 @@ func parseFlags() (*config, error) {
 	flag.DurationVar(&cfg.delay, "delay", 0, "recovery_min_apply_delay on the replicas (local cluster only)")
 	flag.DurationVar(&cfg.budget, "budget", 500*time.Millisecond, "how long a read may wait for a replica (two-round-trip, pgryw wait_timeout)")
 	flag.DurationVar(&cfg.sleep, "sleep", 50*time.Millisecond, "sleep-replica's pause before reading")
-	flag.StringVar(&strategies, "strategies", strings.Join(allStrategies, ","), "comma-separated strategies to run")
+	flag.StringVar(&strategies, "strategies", "default", "comma-separated strategies to run; \"default\" = "+strings.Join(defaultStrategies, ",")+
+		"; \"all\" adds the wire-level models "+strings.Join(modelStrategies, ",")+"; with -load: "+strings.Join(loadStrategies, ","))
+	flag.BoolVar(&cfg.mix, "mix", false, "interleave the strategies iteration by iteration within each worker instead of running one strategy at a time (finer interleaving; no server cost per strategy)")
+	flag.BoolVar(&cfg.pgss, "pgss", false, "count the statements each strategy makes the servers run, with pg_stat_statements (loaded into a local cluster; given servers must have it in shared_preload_libraries)")
+	flag.Var(&settings, "conf", "a postgresql.conf line for every node of a local cluster, e.g. -conf \"hot_standby_feedback = off\"; repeatable")
+	flag.BoolVar(&cfg.load, "load", false, "load test: -workers (default 32) run mixed writes and reads for -load-time per strategy; reports throughput and the server connections each node sees")
+	flag.DurationVar(&cfg.loadTime, "load-time", 6*time.Second, "with -load: measured time per strategy, split over -rounds")
+	flag.Float64Var(&cfg.writeShare, "write-share", 0.2, "with -load: share of operations that are writes")
 	flag.BoolVar(&cfg.json, "json", false, "print one JSON object instead of the table")
 	flag.BoolVar(&cfg.demo, "demo", false, "short demo: 1 replica 50ms behind, naive-replica vs pgryw (explicit flags still win)")
 	flag.StringVar(&cfg.primary, "primary", "", "primary's pgx DSN (instead of starting a local cluster)")
@@ -124,16 +166,43 @@ func parseFlags() (*config, error) {
 		}
 	}
 	cfg.replicaDSNs = replicas
+	cfg.settings = settings
+	if cfg.load {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["workers"] {
+			cfg.workers = 32
+		}
+		if !set["rounds"] {
+			cfg.rounds = 3
+		}
+	}
 
+	known, def := allStrategies, defaultStrategies
+	if cfg.load {
+		known, def = loadStrategies, loadStrategies
+	}
 	seen := map[string]bool{}
+	cfg.explicit = map[string]bool{}
 	for _, s := range strings.Split(strategies, ",") {
 		s = strings.TrimSpace(s)
-		if !slices.Contains(allStrategies, s) {
-			return nil, fmt.Errorf("-strategies: unknown strategy %q (known: %s)", s, strings.Join(allStrategies, ", "))
+		switch {
+		case s == "default":
+			for _, d := range def {
+				seen[d] = true
+			}
+		case s == "all":
+			for _, d := range known {
+				seen[d] = true
+			}
+		case !slices.Contains(known, s):
+			return nil, fmt.Errorf("-strategies: unknown strategy %q (known: %s)", s, strings.Join(known, ", "))
+		default:
+			seen[s] = true
+			cfg.explicit[s] = true
 		}
-		seen[s] = true
 	}
-	for _, s := range allStrategies { // table order
+	for _, s := range known { // table order
 		if seen[s] {
 			cfg.strategies = append(cfg.strategies, s)
 		}
@@ -146,6 +215,12 @@ func parseFlags() (*config, error) {
 		return nil, errors.New("-budget must be at least 1ms")
 	case cfg.delay < 0 || cfg.sleep < 0:
 		return nil, errors.New("-delay and -sleep must not be negative")
+	case cfg.load && (cfg.loadTime < 100*time.Millisecond || cfg.writeShare < 0 || cfg.writeShare > 1):
+		return nil, errors.New("-load-time must be at least 100ms and -write-share between 0 and 1")
+	case cfg.mix && cfg.pgss:
+		return nil, errors.New("-pgss needs one strategy at a time: not with -mix")
+	case cfg.primary != "" && len(cfg.settings) > 0:
+		return nil, errors.New("-conf applies only to a local cluster, not with -primary")
 	case cfg.primary == "" && len(cfg.replicaDSNs) > 0:
 		return nil, errors.New("-replica needs -primary")
 	case cfg.primary != "" && len(cfg.replicaDSNs) == 0:
@@ -156,7 +231,9 @@ func parseFlags() (*config, error) {
 	if cfg.primary != "" {
 		cfg.replicas = len(cfg.replicaDSNs)
 	}
-	cfg.rounds = min(cfg.rounds, cfg.iterations)
+	if !cfg.load {
+		cfg.rounds = min(cfg.rounds, cfg.iterations)
+	}
 	return &cfg, nil
 }
 
@@ -188,6 +265,23 @@ func run(cfg *config) int {
 		return fail(ctx, err)
 	}
 	setupTime := time.Since(start)
+
+	if cfg.load {
+		res, err := runLoad(ctx, cfg, e, newProgress())
+		if err != nil {
+			return fail(ctx, err)
+		}
+		elapsed := time.Since(start)
+		if cfg.json {
+			err = printLoadJSON(os.Stdout, cfg, e, res, elapsed)
+		} else {
+			printLoadText(os.Stdout, cfg, e, res, elapsed, setupTime)
+		}
+		if err != nil {
+			return fail(ctx, err)
+		}
+		return 0
+	}
 
 	b := &bench{cfg: cfg, env: e, progress: newProgress()}
 	results, err := b.run(ctx)
@@ -224,9 +318,12 @@ func fail(ctx context.Context, err error) int {
 type env struct {
 	cluster          *pgtest.Cluster // nil with -primary
 	primaryDSN       string
-	replicaAddrs     []string // host:port, for pgryw's replicas key
-	pools            *pools
-	pgryw            *pgrywStrategy // nil unless the pgryw strategy runs
+	replicaAddrs     []string                  // host:port, for pgryw's replicas key
+	pools            *pools                    // the setup's own
+	basePools        map[string]*pools         // each plain-pgx strategy's own, by name
+	pgryws           map[string]*pgrywStrategy // the pgryw strategies that run, by name
+	models           map[string]*model         // the wire-level models that run, by name
+	meter            *costMeter
 	primaryPort      int64
 	serverVersion    string
 	serverVersionNum int
@@ -241,8 +338,15 @@ func (e *env) close() {
 		}
 		cancel()
 	}
-	if e.pgryw != nil {
-		e.pgryw.db.Close()
+	for _, p := range e.pgryws {
+		p.db.Close()
+	}
+	for _, m := range e.models {
+		m.close()
+	}
+	e.meter.close()
+	for _, p := range e.basePools {
+		p.close()
 	}
 	if e.pools != nil {
 		e.pools.primary.Close()
@@ -262,7 +366,18 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 		fmt.Fprintf(os.Stderr, "rywbench: starting a local PostgreSQL primary and %d replica(s), apply delay %v...\n", cfg.replicas, cfg.delay)
 		t0 := time.Now()
 		startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		c, err := pgtest.Start(startCtx, pgtest.Options{Replicas: cfg.replicas, ApplyDelay: cfg.delay})
+		var settings []string
+		// Every strategy has pools of its own, up to -workers connections
+		// each on every node; pgtest allows 200.
+		if need := cfg.workers*(len(cfg.strategies)+2) + 50; need > 200 {
+			settings = append(settings, fmt.Sprintf("max_connections = %d", need))
+		}
+		settings = append(settings, cfg.settings...) // -conf wins
+		if cfg.pgss {
+			// Before -conf's lines, which may extend it.
+			settings = append([]string{"shared_preload_libraries = 'pg_stat_statements'", "pg_stat_statements.max = 50000"}, settings...)
+		}
+		c, err := pgtest.Start(startCtx, pgtest.Options{Replicas: cfg.replicas, ApplyDelay: cfg.delay, Settings: settings})
 		cancel()
 		if err != nil {
 			if errors.Is(err, pgtest.ErrNoServer) {
@@ -346,27 +461,99 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 		p.waitFor = p.waitFor && num >= 190000 // WAIT FOR LSN is new in PostgreSQL 19
 	}
 
-	if slices.Contains(cfg.strategies, pgrywName) {
-		if e.pgryw, err = newPgryw(e.primaryDSN, e.replicaAddrs, cfg.budget); err != nil {
-			return e, err
+	if cfg.pgss {
+		if _, err := p.primary.ExecContext(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+			return e, fmt.Errorf("-pgss: %w (a local cluster loads it; given servers need it in shared_preload_libraries)", err)
 		}
-		e.pgryw.db.SetMaxOpenConns(cfg.workers)
-		e.pgryw.db.SetMaxIdleConns(cfg.workers)
+	}
+	if cfg.load {
+		return e, setupLoad(ctx, cfg, e)
 	}
 
+	e.pgryws = map[string]*pgrywStrategy{}
+	e.models = map[string]*model{}
+	e.basePools = map[string]*pools{}
 	for _, s := range cfg.strategies {
-		t := tableName(s)
+		switch {
+		case !slices.Contains(pgrywKinds, s) && !slices.Contains(modelStrategies, s):
+			// Pools of its own, as each pgryw strategy has: a pool shared
+			// by several strategies hands each worker other connections
+			// than one of its own would (measurably slower here).
+			bp := &pools{budget: p.budget, sleep: p.sleep, waitFor: p.waitFor}
+			e.basePools[s] = bp
+			if bp.primary, err = open(e.primaryDSN); err != nil {
+				return e, err
+			}
+			for _, d := range cfg.replicaDSNs {
+				db, err := open(d)
+				if err != nil {
+					return e, err
+				}
+				bp.replicas = append(bp.replicas, db)
+			}
+		case slices.Contains(pgrywKinds, s):
+			ps, err := newPgryw(s, e.primaryDSN, e.replicaAddrs, cfg.budget, cfg.workers)
+			if err != nil {
+				return e, err
+			}
+			e.pgryws[s] = ps
+		case slices.Contains(modelStrategies, s):
+			if (s == wireWaitFor || s == wireWaitForTrail) && !p.waitFor {
+				if cfg.explicit[s] {
+					return e, fmt.Errorf("-strategies: %s needs WAIT FOR LSN, new in PostgreSQL 19; these servers run %s", s, e.serverVersion)
+				}
+				continue
+			}
+			e.models[s] = newModel(s, e, cfg)
+		}
+	}
+	// "all" named the WAIT FOR models; on older servers they are left out.
+	cfg.strategies = slices.DeleteFunc(cfg.strategies, func(s string) bool {
+		return (s == wireWaitFor || s == wireWaitForTrail) && e.models[s] == nil
+	})
+
+	// The preloaded table first: once a replica shows the tables created
+	// after it, it has its rows too.
+	tables := []string{preloadTable}
+	for _, s := range cfg.strategies {
+		tables = append(tables, tableName(s))
+	}
+	for _, t := range tables {
 		e.tables = append(e.tables, t)
 		for _, q := range []string{"DROP TABLE IF EXISTS " + t, "CREATE TABLE " + t + " (id bigint PRIMARY KEY, v bigint NOT NULL)"} {
 			if _, err := p.primary.ExecContext(ctx, q); err != nil {
 				return e, fmt.Errorf("create table %s: %w", t, err)
 			}
 		}
+		if t == preloadTable {
+			if _, err := p.primary.ExecContext(ctx, "INSERT INTO "+preloadTable+" SELECT g, 2*g+1 FROM generate_series(1, $1::bigint) g", preloadRows); err != nil {
+				return e, fmt.Errorf("fill %s: %w", preloadTable, err)
+			}
+		}
 	}
-	return e, waitForTables(ctx, e, cfg.delay)
+	if err := waitForTables(ctx, e, cfg.delay); err != nil {
+		return e, err
+	}
+	e.meter, err = newCostMeter(ctx, open, e.primaryDSN, cfg.replicaDSNs, e.dataDirs(), cfg.pgss)
+	return e, err
 }
 
-// waitForTables waits until every replica shows every table.
+// dataDirs returns the nodes' data directories, primary first, when the
+// cluster is local (for CPU readings from /proc), else nil.
+func (e *env) dataDirs() []string {
+	if e.cluster == nil || e.cluster.Provider != "local" {
+		return nil
+	}
+	dirs := []string{e.cluster.Writer.DataDir}
+	for _, r := range e.cluster.Replicas {
+		dirs = append(dirs, r.DataDir)
+	}
+	return dirs
+}
+
+// waitForTables waits until every replica shows every table, and so
+// everything written before the last one was created (the preloaded rows,
+// pg_stat_statements).
 func waitForTables(ctx context.Context, e *env, delay time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second+delay)
 	defer cancel()
@@ -399,10 +586,12 @@ type bench struct {
 func (b *bench) strategies() []strategy {
 	var out []strategy
 	for _, name := range b.cfg.strategies {
-		if name == pgrywName {
-			out = append(out, b.env.pgryw)
+		if p, ok := b.env.pgryws[name]; ok {
+			out = append(out, p)
+		} else if m, ok := b.env.models[name]; ok {
+			out = append(out, m)
 		} else {
-			out = append(out, newBaseline(name, b.env.pools))
+			out = append(out, newBaseline(name, b.env.basePools[name]))
 		}
 	}
 	return out
@@ -413,7 +602,7 @@ func (b *bench) run(ctx context.Context) ([]*result, error) {
 	ids := make([]atomic.Int64, len(strats)) // per table
 	results := make([]*result, len(strats))
 	for i, s := range strats {
-		results[i] = &result{name: s.name()}
+		results[i] = &result{name: s.name(), shape: s.shape()}
 	}
 
 	b.progress.line("warming up")
@@ -422,9 +611,13 @@ func (b *bench) run(ctx context.Context) ([]*result, error) {
 			return nil, err
 		}
 	}
-	var pgrywBefore pgryw.Stats
-	if b.env.pgryw != nil {
-		pgrywBefore = b.env.pgryw.conn.Stats()
+	b.progress.line("measuring the servers' background load")
+	if err := b.env.meter.background(ctx, time.Second); err != nil {
+		return nil, err
+	}
+	pgrywBefore := map[string]pgryw.Stats{}
+	for name, p := range b.env.pgryws {
+		pgrywBefore[name] = p.conn.Stats()
 	}
 
 	n := len(strats)
@@ -440,28 +633,88 @@ func (b *bench) run(ctx context.Context) ([]*result, error) {
 			order = append(order, strats[(k+r)%n].name())
 		}
 		b.progress.round(r+1, b.cfg.rounds, order)
+		if b.cfg.mix {
+			b.progress.strategy(r+1, b.cfg.rounds, "all strategies, mixed")
+			per, err := b.mixed(ctx, strats, iters, ids, r)
+			if err != nil {
+				return nil, err
+			}
+			for i, samples := range per {
+				for _, s := range samples {
+					results[i].add(s)
+				}
+			}
+			continue
+		}
 		for k := 0; k < n; k++ {
 			i := (k + r) % n
 			b.progress.strategy(r+1, b.cfg.rounds, strats[i].name())
+			before, err := b.env.meter.snapshot(ctx)
+			if err != nil {
+				return nil, err
+			}
+			t0 := time.Now()
 			samples, err := b.slice(ctx, strats[i], iters, &ids[i])
 			if err != nil {
 				return nil, err
 			}
+			dur := time.Since(t0)
+			after, err := b.env.meter.snapshot(ctx)
+			if err != nil {
+				return nil, err
+			}
+			results[i].cost.add(b.env.meter, before, after, dur)
 			for _, s := range samples {
 				results[i].add(s)
 			}
 		}
 	}
 
-	if b.env.pgryw != nil {
-		d := statsDiff(b.env.pgryw.conn.Stats(), pgrywBefore)
-		for _, r := range results {
-			if r.name == pgrywName {
-				r.pgrywDiff = &d
-			}
+	for _, r := range results {
+		if p, ok := b.env.pgryws[r.name]; ok {
+			d := statsDiff(p.conn.Stats(), pgrywBefore[r.name])
+			r.pgrywDiff = &d
 		}
 	}
 	return results, nil
+}
+
+// mixed runs iters iterations of every strategy on each of the workers
+// concurrently, each worker taking the strategies in turn, one iteration
+// each, from a different starting point per worker, round and iteration:
+// every strategy meets the same machine, moment by moment. It returns the
+// samples by strategy.
+func (b *bench) mixed(ctx context.Context, strats []strategy, iters int, ids []atomic.Int64, round int) ([][]sample, error) {
+	n := len(strats)
+	perWorker := make([][][]sample, b.cfg.workers)
+	var wg sync.WaitGroup
+	for w := range perWorker {
+		perWorker[w] = make([][]sample, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range iters {
+				for k := range n {
+					if ctx.Err() != nil {
+						return
+					}
+					i := (k + w + round + it) % n
+					perWorker[w][i] = append(perWorker[w][i], b.iteration(ctx, strats[i], ids[i].Add(1)))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return nil, errInterrupted
+	}
+	out := make([][]sample, n)
+	for _, pw := range perWorker {
+		for i := range out {
+			out[i] = append(out[i], pw[i]...)
+		}
+	}
+	return out, nil
 }
 
 // slice runs iters iterations on each of the workers concurrently.
@@ -487,25 +740,38 @@ func (b *bench) slice(ctx context.Context, s strategy, iters int, ids *atomic.In
 	return slices.Concat(perWorker...), nil
 }
 
-// iteration inserts row id and reads it back, timing each call.
+// iteration inserts row id and reads it back, timing each call; a
+// write-only strategy only inserts, a read-only one only reads a preloaded
+// row.
 func (b *bench) iteration(ctx context.Context, s strategy, id int64) sample {
-	want := 2*id + 1
-	t0 := time.Now()
-	if err := s.insert(ctx, id, want); err != nil {
-		return sample{err: fmt.Errorf("insert: %w", err)}
+	var smp sample
+	sh := s.shape()
+	if sh == readOnly {
+		id = preloadID(id)
 	}
+	want := 2*id + 1
 	t1 := time.Now()
-	v, port, err := s.read(ctx, id)
+	if sh != readOnly {
+		t0 := t1
+		early, err := s.insert(ctx, id, want)
+		if err != nil {
+			return sample{err: fmt.Errorf("insert: %w", err)}
+		}
+		t1 = time.Now()
+		smp.write, smp.early, smp.hasWrite = t1.Sub(t0), early, true
+	}
+	if sh == insertOnly {
+		return smp
+	}
+	out, err := s.read(ctx, id)
 	t2 := time.Now()
 	if err != nil {
 		return sample{err: fmt.Errorf("read: %w", err)}
 	}
-	return sample{
-		write:     t1.Sub(t0),
-		read:      t2.Sub(t1),
-		stale:     !v.Valid || v.Int64 != want,
-		onReplica: port != b.env.primaryPort,
-	}
+	smp.read, smp.hasRead, smp.tries = t2.Sub(t1), true, out.tries
+	smp.stale = !out.v.Valid || out.v.Int64 != want
+	smp.onReplica = out.port != b.env.primaryPort
+	return smp
 }
 
 // progress reports the run's position on stderr: one line rewritten in place

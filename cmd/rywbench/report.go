@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -16,16 +17,21 @@ type ratio struct {
 	ok         bool // both strategies ran and the baseline is not zero
 }
 
-func ratios(sums []summary) []ratio {
+func byName(sums []summary) map[string]summary {
 	by := map[string]summary{}
 	for _, s := range sums {
 		by[s.Name] = s
 	}
+	return by
+}
+
+func ratios(sums []summary) []ratio {
+	by := byName(sums)
 	div := func(key, label, num, den string, pick func(summary) float64) ratio {
 		r := ratio{key: key, label: label}
 		a, okA := by[num]
 		b, okB := by[den]
-		if okA && okB && pick(b) > 0 && a.Reads > 0 {
+		if okA && okB && pick(b) > 0 && pick(a) > 0 {
 			r.value, r.ok = pick(a)/pick(b), true
 		}
 		return r
@@ -33,9 +39,106 @@ func ratios(sums []summary) []ratio {
 	read := func(s summary) float64 { return s.ReadP50 }
 	write := func(s summary) float64 { return s.WriteP50 }
 	return []ratio{
+		div("pgryw_read_p50_over_spin_floor_read_p50", "pgryw read p50 / spin-floor read p50", pgrywName, spinFloor, read),
+		div("pgryw_read_p95_over_spin_floor_read_p95", "pgryw read p95 / spin-floor read p95", pgrywName, spinFloor, func(s summary) float64 { return s.ReadP95 }),
+		div("pgryw_session_read_p50_over_spin_floor_read_p50", "pgryw-session read p50 / spin-floor read p50", pgrywSession, spinFloor, read),
+		div("pgryw_session_read_p95_over_spin_floor_read_p95", "pgryw-session read p95 / spin-floor read p95", pgrywSession, spinFloor, func(s summary) float64 { return s.ReadP95 }),
 		div("pgryw_read_p50_over_naive_read_p50", "pgryw read p50 / naive-replica read p50", pgrywName, naiveReplica, read),
 		div("pgryw_write_p50_over_naive_write_p50", "pgryw write p50 / naive-replica write p50", pgrywName, naiveReplica, write),
 		div("pgryw_read_p50_over_sticky_read_p50", "pgryw read p50 / sticky-primary read p50", pgrywName, stickyPrimary, read),
+	}
+}
+
+// target is one target of issue 10, judged on this run.
+type target struct {
+	Name   string        `json:"target"`
+	Status string        `json:"status"` // PASS, FAIL, or n/a when a strategy it needs did not run
+	Ratios []targetRatio `json:"ratios,omitempty"`
+	Note   string        `json:"note,omitempty"`
+}
+
+type targetRatio struct {
+	Label string  `json:"label"`
+	Value float64 `json:"value"`
+	Limit float64 `json:"limit"`
+}
+
+// readLimit is the read-after-write target's p50 bound: WAIT FOR (PostgreSQL
+// 19) lets the server wake the read; polling gets more room.
+func readLimit(serverVersionNum int) float64 {
+	if serverVersionNum >= 190000 {
+		return 1.10
+	}
+	return 1.25
+}
+
+// targets judges issue 10's targets on a run's summaries.
+func targets(sums []summary, serverVersionNum int) []target {
+	by := byName(sums)
+	p50r := func(s summary) float64 { return s.ReadP50 }
+	p95r := func(s summary) float64 { return s.ReadP95 }
+	p50w := func(s summary) float64 { return s.WriteP50 }
+	p95w := func(s summary) float64 { return s.WriteP95 }
+	type part struct {
+		label string
+		pick  func(summary) float64
+		limit float64
+	}
+	judge := func(name, num, den string, parts ...part) target {
+		t := target{Name: fmt.Sprintf("%s (%s / %s)", name, num, den), Status: "PASS"}
+		a, okA := by[num]
+		b, okB := by[den]
+		if !okA || !okB {
+			t.Status, t.Note = "n/a", "needs -strategies to include "+num+" and "+den
+			return t
+		}
+		for _, p := range parts {
+			if p.pick(b) <= 0 || p.pick(a) <= 0 {
+				t.Status, t.Note = "n/a", "no samples"
+				return t
+			}
+			r := targetRatio{Label: p.label, Value: p.pick(a) / p.pick(b), Limit: p.limit}
+			t.Ratios = append(t.Ratios, r)
+			if r.Value > r.Limit {
+				t.Status = "FAIL"
+			}
+		}
+		if a.Stale > 0 || a.Errors > 0 {
+			t.Status = "FAIL"
+			t.Note = fmt.Sprintf("%s had %d stale reads and %d errors", num, a.Stale, a.Errors)
+		}
+		return t
+	}
+	lim := readLimit(serverVersionNum)
+	return []target{
+		judge("write ≤ 1.10x a plain insert through pgx stdlib", pgrywWrite, plainWrite,
+			part{"p50", p50w, 1.10}, part{"p95", p95w, 1.10}),
+		judge(fmt.Sprintf("read after write p50 ≤ %.2fx the spin floor, p95 ≤ 1.50x", lim), pgrywName, spinFloor,
+			part{"p50", p50r, lim}, part{"p95", p95r, 1.50}),
+		judge("read with no pending watermark ≤ 1.05x a plain replica read", pgrywRead, replicaRead,
+			part{"p50", p50r, 1.05}, part{"p95", p95r, 1.05}),
+		judge("no-replica mode ≤ 1.03x pgx stdlib", pgrywNoReplica, stickyPrimary,
+			part{"write p50", p50w, 1.03}, part{"write p95", p95w, 1.03}, part{"read p50", p50r, 1.03}, part{"read p95", p95r, 1.03}),
+		{Name: "cached routing 0 allocations", Status: "n/a",
+			Note: "not measured by rywbench: go test -run '^$' -bench 'ClassifyCached|RouteDecision' -benchmem ."},
+	}
+}
+
+func printTargets(w io.Writer, ts []target, e *env, workers int) {
+	fmt.Fprintf(w, "\nIssue 10 targets (PostgreSQL %s, %d workers; same run, interleaved):\n", e.serverVersion, workers)
+	for _, t := range ts {
+		var parts []string
+		for _, r := range t.Ratios {
+			parts = append(parts, fmt.Sprintf("%s %.3fx", r.Label, r.Value))
+		}
+		line := fmt.Sprintf("  %-4s  %s", t.Status, t.Name)
+		if len(parts) > 0 {
+			line += ": " + strings.Join(parts, ", ")
+		}
+		if t.Note != "" {
+			line += " [" + t.Note + "]"
+		}
+		fmt.Fprintln(w, line)
 	}
 }
 
@@ -45,20 +148,38 @@ func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup 
 		where, delay = "given servers", "as configured there"
 	}
 	fmt.Fprintf(w, "rywbench: %s\n", machine(e))
-	fmt.Fprintf(w, "%d replica(s) (%s), apply delay %s, budget %v, sleep %v; %d workers x %d iterations per strategy in %d rounds\n\n",
-		cfg.replicas, where, delay, cfg.budget, cfg.sleep, cfg.workers, cfg.iterations, cfg.rounds)
+	mode := "one strategy at a time"
+	if cfg.mix {
+		mode = "strategies mixed iteration by iteration (-mix)"
+	}
+	fmt.Fprintf(w, "%d replica(s) (%s), apply delay %s, budget %v, sleep %v; %d workers x %d iterations per strategy in %d rounds, %s\n\n",
+		cfg.replicas, where, delay, cfg.budget, cfg.sleep, cfg.workers, cfg.iterations, cfg.rounds, mode)
 
-	const row = "%-15s %6s %6s %6s %8s %9s %9s %9s %10s\n"
-	fmt.Fprintf(w, row, "strategy", "reads", "stale", "errors", "replica", "read p50", "read p95", "read p99", "write p50")
+	const row = "%-18s %-11s %6s %6s %6s %8s %9s %9s %9s %10s %10s %6s\n"
+	fmt.Fprintf(w, row, "strategy", "does", "reads", "stale", "errors", "replica", "read p50", "read p95", "read p99", "write p50", "write p95", "tries")
 	for _, s := range sums {
-		fmt.Fprintf(w, row, s.Name, fmt.Sprint(s.Reads), fmt.Sprint(s.Stale), fmt.Sprint(s.Errors),
-			fmt.Sprintf("%.1f%%", 100*s.ReplicaShare),
-			fmtMS(s.ReadP50), fmtMS(s.ReadP95), fmtMS(s.ReadP99), fmtMS(s.WriteP50))
+		share, tries := "-", "-"
+		if s.Reads > 0 {
+			share = fmt.Sprintf("%.1f%%", 100*s.ReplicaShare)
+			tries = "1"
+		}
+		if s.TriesPerRead > 0 {
+			tries = fmt.Sprintf("%.2f", s.TriesPerRead)
+		}
+		fmt.Fprintf(w, row, s.Name, s.Shape, fmt.Sprint(s.Reads), fmt.Sprint(s.Stale), fmt.Sprint(s.Errors), share,
+			fmtMS(s.ReadP50), fmtMS(s.ReadP95), fmtMS(s.ReadP99), fmtMS(s.WriteP50), fmtMS(s.WriteP95), tries)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "replica = share of reads served by a replica (by inet_server_port()); read = the read call")
-	fmt.Fprintln(w, "(two-round-trip: with its LSN fetch and wait; sleep-replica: with the sleep); write = the insert")
-	fmt.Fprintln(w, "(pgryw: with its capture of the primary's position).")
+	fmt.Fprintln(w, "(spin-floor: from the write's return to the first read that found the row; two-round-trip: with")
+	fmt.Fprintln(w, "its LSN fetch and wait; sleep-replica: with the sleep); write = the insert (pgryw: with its capture")
+	fmt.Fprintln(w, "of the primary's position); tries = reads sent per read (spin-floor, the polling models).")
+	for _, s := range sums {
+		if s.EarlyP50 > 0 {
+			fmt.Fprintf(w, "%s: the insert's own answer (before the capture's) p50 %s, p95 %s\n", s.Name, fmtMS(s.EarlyP50), fmtMS(s.EarlyP95))
+		}
+	}
+	printCost(w, sums, e.meter)
 
 	for _, s := range sums {
 		if s.FirstError != "" {
@@ -66,9 +187,9 @@ func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup 
 		}
 		if s.PgrywStats != nil {
 			st := s.PgrywStats
-			fmt.Fprintf(w, "\npgryw Stats over the measured iterations: ReplicaReads=%d PrimaryReads=%d Fallbacks=%d StaleReads=%d BehindErrors=%d\n"+
+			fmt.Fprintf(w, "\n%s Stats over the measured iterations: ReplicaReads=%d PrimaryReads=%d Fallbacks=%d StaleReads=%d BehindErrors=%d\n"+
 				"  Waits=%d WaitTimeouts=%d Captures=%d CaptureFailures=%d\n",
-				st.ReplicaReads, st.PrimaryReads, st.Fallbacks, st.StaleReads, st.BehindErrors,
+				s.Name, st.ReplicaReads, st.PrimaryReads, st.Fallbacks, st.StaleReads, st.BehindErrors,
 				st.Waits, st.WaitTimeouts, st.Captures, st.CaptureFailures)
 		}
 	}
@@ -76,17 +197,19 @@ func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup 
 	var lines []string
 	for _, r := range ratios(sums) {
 		if r.ok {
-			lines = append(lines, fmt.Sprintf("  %-42s %.2fx", r.label+":", r.value))
+			lines = append(lines, fmt.Sprintf("  %-48s %.2fx", r.label+":", r.value))
 		}
 	}
 	if len(lines) > 0 {
 		fmt.Fprintf(w, "\nRatios (same run):\n%s\n", strings.Join(lines, "\n"))
-		for _, s := range sums {
-			if s.Name == naiveReplica && s.Stale > 0 && ratios(sums)[0].ok {
-				fmt.Fprintf(w, "  (naive-replica never waits, and %.0f%% of its reads were stale: its read p50 is the floor, not a like-for-like baseline)\n",
-					100*float64(s.Stale)/float64(s.Reads))
-			}
+		by := byName(sums)
+		if s, ok := by[naiveReplica]; ok && s.Stale > 0 && ratios(sums)[4].ok {
+			fmt.Fprintf(w, "  (naive-replica never waits, and %.0f%% of its reads were stale: its read p50 is not a like-for-like baseline; spin-floor is)\n",
+				100*float64(s.Stale)/float64(s.Reads))
 		}
+	}
+	if !cfg.demo {
+		printTargets(w, targets(sums, e.serverVersionNum), e, cfg.workers)
 	}
 
 	if cfg.demo {
@@ -95,6 +218,47 @@ func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup 
 		}
 	}
 	fmt.Fprintf(w, "\nTook %v (of which starting and preparing the servers %v).\n", elapsed.Round(100*time.Millisecond), setup.Round(100*time.Millisecond))
+}
+
+// printCost prints the server cost table, when anything was measured.
+func printCost(w io.Writer, sums []summary, m *costMeter) {
+	any, evicted := false, false
+	for _, s := range sums {
+		if s.Cost != nil {
+			any = true
+			evicted = evicted || s.Cost.StatementsEvicted
+		}
+	}
+	if !any {
+		return
+	}
+	f := func(v *float64, prec int) string {
+		if v == nil {
+			return "-"
+		}
+		return strconv.FormatFloat(*v, 'f', prec, 64)
+	}
+	fmt.Fprintln(w, "\nServer cost per op (op = one iteration: a write and its read, or the strategy's one call):")
+	const row = "%-18s %11s %13s %13s %11s %13s %13s\n"
+	fmt.Fprintf(w, row, "strategy", "repl stmts", "repl CPU µs", "repl all µs", "prim stmts", "prim CPU µs", "prim all µs")
+	for _, s := range sums {
+		c := s.Cost
+		if c == nil {
+			continue
+		}
+		fmt.Fprintf(w, row, s.Name, f(c.ReplicaStatements, 2), f(c.ReplicaBackendCPU, 1), f(c.ReplicaAllCPU, 1),
+			f(c.PrimaryStatements, 2), f(c.PrimaryBackendCPU, 1), f(c.PrimaryAllCPU, 1))
+	}
+	fmt.Fprintln(w, "stmts = pg_stat_statements calls (all replicas summed); CPU = client backends' time on CPU, all = the")
+	fmt.Fprintln(w, "whole postmaster tree (replay, WAL sender/receiver, background processes) from /proc.")
+	if bg := m.bg; bg.measured {
+		fmt.Fprintf(w, "Less the background, measured for 1s with every pool open and idle (the pgryw pools' replica monitors\n"+
+			"poll every 100ms): replicas %.1f stmts/s, CPU %.2f ms/s (all %.2f); primary %.1f stmts/s, CPU %.2f ms/s (all %.2f).\n",
+			bg.replCalls, bg.replBack/1e6, bg.replAll/1e6, bg.primCalls, bg.primBack/1e6, bg.primAll/1e6)
+	}
+	if evicted {
+		fmt.Fprintln(w, "WARNING: pg_stat_statements evicted entries during the run; statement counts are too low.")
+	}
 }
 
 // demoText explains the demo's two rows in one paragraph.
@@ -124,7 +288,7 @@ func demoText(cfg *config, sums []summary) string {
 	if ryw.Stale > 0 || ryw.Errors > 0 {
 		text += fmt.Sprintf(" NOTE: pgryw should show 0 stale reads and 0 errors here; it showed %d and %d.", ryw.Stale, ryw.Errors)
 	}
-	return text + " Run without -demo to compare all five strategies."
+	return text + " Run without -demo to compare all the strategies."
 }
 
 // wrap breaks text into lines of at most width columns at spaces.
@@ -157,6 +321,7 @@ type jsonReport struct {
 		Strategies []string `json:"strategies"`
 		Cluster    string   `json:"cluster"` // "local" or "given"
 		Demo       bool     `json:"demo"`
+		Mix        bool     `json:"mix"`
 	} `json:"settings"`
 	Machine struct {
 		GOOS             string `json:"goos"`
@@ -168,6 +333,7 @@ type jsonReport struct {
 	} `json:"machine"`
 	Results        []summary          `json:"results"`
 	Ratios         map[string]float64 `json:"ratios"`
+	Targets        []target           `json:"targets"`
 	ElapsedSeconds float64            `json:"elapsed_seconds"`
 }
 
@@ -176,7 +342,7 @@ func printJSON(w io.Writer, cfg *config, e *env, sums []summary, elapsed time.Du
 	s := &r.Settings
 	s.Workers, s.Iterations, s.Rounds, s.Replicas = cfg.workers, cfg.iterations, cfg.rounds, cfg.replicas
 	s.Delay, s.Budget, s.Sleep = cfg.delay.String(), cfg.budget.String(), cfg.sleep.String()
-	s.Strategies, s.Demo = cfg.strategies, cfg.demo
+	s.Strategies, s.Demo, s.Mix = cfg.strategies, cfg.demo, cfg.mix
 	s.Cluster = "local"
 	if e.cluster == nil {
 		s.Cluster, s.Delay = "given", "" // the servers' own setting, unknown here
@@ -191,6 +357,7 @@ func printJSON(w io.Writer, cfg *config, e *env, sums []summary, elapsed time.Du
 			r.Ratios[x.key] = x.value
 		}
 	}
+	r.Targets = targets(sums, e.serverVersionNum)
 	r.ElapsedSeconds = elapsed.Seconds()
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,22 +18,57 @@ import (
 
 // Strategy names, in the order the table lists them.
 const (
-	stickyPrimary = "sticky-primary"
-	naiveReplica  = "naive-replica"
-	sleepReplica  = "sleep-replica"
-	twoRoundTrip  = "two-round-trip"
-	pgrywName     = "pgryw"
+	stickyPrimary  = "sticky-primary"
+	naiveReplica   = "naive-replica"
+	spinFloor      = "spin-floor"
+	sleepReplica   = "sleep-replica"
+	twoRoundTrip   = "two-round-trip"
+	pgrywName      = "pgryw"
+	pgrywSession   = "pgryw-session"
+	plainWrite     = "plain-write"
+	pgrywWrite     = "pgryw-write"
+	replicaRead    = "replica-read"
+	pgrywRead      = "pgryw-read"
+	pgrywNoReplica = "pgryw-no-replica"
 )
 
-var allStrategies = []string{stickyPrimary, naiveReplica, sleepReplica, twoRoundTrip, pgrywName}
+// defaultStrategies run unless -strategies says otherwise; allStrategies
+// adds the wire-level models (models.go), which run only when named.
+var (
+	defaultStrategies = []string{stickyPrimary, naiveReplica, spinFloor, sleepReplica, twoRoundTrip, pgrywName, pgrywSession,
+		plainWrite, pgrywWrite, replicaRead, pgrywRead, pgrywNoReplica}
+	// pgrywKinds are the strategies that run through a pgryw pool.
+	pgrywKinds    = []string{pgrywName, pgrywSession, pgrywWrite, pgrywRead, pgrywNoReplica}
+	allStrategies = append(slices.Clone(defaultStrategies), modelStrategies...)
+)
 
-// strategy is one way of running the workload's two calls. insert writes row
-// id with value v; read returns row id's value (NULL when the row is missing)
-// and the port of the server that answered. The caller times each call.
+// shape is what one iteration of a strategy does.
+type shape uint8
+
+const (
+	insertRead shape = iota // insert a fresh row, then read it back
+	insertOnly              // insert a fresh row; no read
+	readOnly                // read a row written before the run; no write
+)
+
+// readOut is what a read returns: row id's value (NULL when the row is
+// missing), the port of the server that answered, and how many reads it
+// took (spin-floor and the polling models; 1 otherwise).
+type readOut struct {
+	v     sql.NullInt64
+	port  int64
+	tries int
+}
+
+// strategy is one way of running the workload's calls. insert writes row id
+// with value v; read returns row id. The caller times each call. early, when
+// not zero, is the time the insert took until its own answer arrived, before
+// what rode behind it (wire-capture only).
 type strategy interface {
 	name() string
-	insert(ctx context.Context, id, v int64) error
-	read(ctx context.Context, id int64) (v sql.NullInt64, port int64, err error)
+	shape() shape
+	insert(ctx context.Context, id, v int64) (early time.Duration, err error)
+	read(ctx context.Context, id int64) (readOut, error)
 }
 
 func tableName(strategy string) string {
@@ -46,14 +83,23 @@ func statements(table string) (insert, read string) {
 		"SELECT (SELECT v FROM " + table + " WHERE id = $1), inet_server_port()"
 }
 
-// pools are the plain pgx (database/sql driver "pgx") pools the baseline
-// strategies share; only one strategy runs at a time.
+// pools are plain pgx (database/sql driver "pgx") pools: one to the primary
+// and one to each replica.
 type pools struct {
 	primary  *sql.DB
 	replicas []*sql.DB
 	budget   time.Duration // two-round-trip's wait budget
 	sleep    time.Duration // sleep-replica's pause
 	waitFor  bool          // replicas run PostgreSQL ≥ 19: use WAIT FOR LSN
+}
+
+func (p *pools) close() {
+	if p.primary != nil {
+		p.primary.Close()
+	}
+	for _, r := range p.replicas {
+		r.Close()
+	}
 }
 
 // baseline is one of the strategies built on plain pgx pools.
@@ -65,28 +111,63 @@ type baseline struct {
 
 func newBaseline(kind string, p *pools) *baseline {
 	ins, get := statements(tableName(kind))
+	if kind == replicaRead {
+		_, get = statements(preloadTable)
+	}
 	return &baseline{kind: kind, p: p, insertSQL: ins, getSQL: get}
 }
 
+// preloadTable holds preloadRows rows, written before the run, which the
+// read-only strategies read: row id has value 2*id+1 like every other.
+const (
+	preloadTable = "rywbench_preload"
+	preloadRows  = 1000
+)
+
+// preloadID maps an iteration's id to a preloaded row.
+func preloadID(id int64) int64 { return 1 + int64(uint64(id)%preloadRows) }
+
 func (b *baseline) name() string { return b.kind }
 
-func (b *baseline) insert(ctx context.Context, id, v int64) error {
-	_, err := b.p.primary.ExecContext(ctx, b.insertSQL, id, v)
-	return err
+func (b *baseline) shape() shape {
+	switch b.kind {
+	case plainWrite:
+		return insertOnly
+	case replicaRead:
+		return readOnly
+	}
+	return insertRead
 }
 
-func (b *baseline) read(ctx context.Context, id int64) (sql.NullInt64, int64, error) {
+func (b *baseline) insert(ctx context.Context, id, v int64) (time.Duration, error) {
+	_, err := b.p.primary.ExecContext(ctx, b.insertSQL, id, v)
+	return 0, err
+}
+
+func (b *baseline) read(ctx context.Context, id int64) (readOut, error) {
 	// Spread reads over the replicas by id; with one replica it is always 0.
 	// In uint64: int(id) wraps negative on 32-bit platforms.
 	replica := b.p.replicas[uint64(id)%uint64(len(b.p.replicas))]
 	switch b.kind {
 	case stickyPrimary:
 		return b.get(ctx, b.p.primary, id)
-	case naiveReplica:
+	case naiveReplica, replicaRead:
 		return b.get(ctx, replica, id)
+	case spinFloor:
+		// The earliest moment the replica can answer with the row, as seen
+		// from here: read it again at once until it is there (at most the
+		// budget; then the last, stale answer counts).
+		deadline := time.Now().Add(b.p.budget)
+		for tries := 1; ; tries++ {
+			out, err := b.get(ctx, replica, id)
+			out.tries = tries
+			if err != nil || out.v.Valid || time.Now().After(deadline) {
+				return out, err
+			}
+		}
 	case sleepReplica:
 		if err := ctxsleep.Sleep(ctx, b.p.sleep); err != nil {
-			return sql.NullInt64{}, 0, err
+			return readOut{}, err
 		}
 		return b.get(ctx, replica, id)
 	case twoRoundTrip:
@@ -95,24 +176,28 @@ func (b *baseline) read(ctx context.Context, id int64) (sql.NullInt64, int64, er
 		// primary's read if the replica did not catch up within the budget.
 		var lsn string
 		if err := b.p.primary.QueryRowContext(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
-			return sql.NullInt64{}, 0, fmt.Errorf("fetch LSN: %w", err)
+			return readOut{}, fmt.Errorf("fetch LSN: %w", err)
 		}
 		ok, err := b.p.waitReplay(ctx, replica, lsn)
 		if err != nil {
-			return sql.NullInt64{}, 0, fmt.Errorf("wait for LSN %s: %w", lsn, err)
+			return readOut{}, fmt.Errorf("wait for LSN %s: %w", lsn, err)
 		}
 		if !ok {
 			return b.get(ctx, b.p.primary, id)
 		}
 		return b.get(ctx, replica, id)
 	}
-	return sql.NullInt64{}, 0, fmt.Errorf("unknown strategy %q", b.kind)
+	return readOut{}, fmt.Errorf("unknown strategy %q", b.kind)
 }
 
-func (b *baseline) get(ctx context.Context, db *sql.DB, id int64) (v sql.NullInt64, port int64, err error) {
-	var p sql.NullInt64 // NULL over a Unix socket
-	err = db.QueryRowContext(ctx, b.getSQL, id).Scan(&v, &p)
-	return v, p.Int64, err
+func (b *baseline) get(ctx context.Context, db *sql.DB, id int64) (readOut, error) {
+	var (
+		out readOut
+		p   sql.NullInt64 // NULL over a Unix socket
+	)
+	err := db.QueryRowContext(ctx, b.getSQL, id).Scan(&out.v, &p)
+	out.port, out.tries = p.Int64, 1
+	return out, err
 }
 
 var lsnRE = regexp.MustCompile(`^[0-9A-F]{1,8}/[0-9A-F]{1,8}$`)
@@ -155,21 +240,32 @@ func (p *pools) waitReplay(ctx context.Context, replica *sql.DB, lsn string) (bo
 	}
 }
 
-// pgrywStrategy sends both calls through one pgryw pool.
+// pgrywStrategy sends its calls through a pgryw pool of its own, so that
+// each one's Stats and watermark are its own: pgryw-read's pool never
+// writes, so its reads never have a watermark to wait for.
 type pgrywStrategy struct {
+	kind              string
 	db                *sql.DB
 	conn              *pgryw.Connector
 	insertSQL, getSQL string
+	sessions          sync.Map // pgryw-session: id → *pgryw.Session, from the insert to the read
 }
 
-// newPgryw opens the pgryw pool: the primary's DSN plus pgryw's replicas and
-// wait_timeout keys, as an application would write it.
-func newPgryw(primaryDSN string, replicaAddrs []string, budget time.Duration) (*pgrywStrategy, error) {
-	dsn := withParams(primaryDSN, [][2]string{
-		{"replicas", strings.Join(replicaAddrs, ",")},
-		{"wait_timeout", budget.String()},
-	})
-	cfg, err := pgryw.ParseDSN(dsn)
+// newPgryw opens a pgryw pool: the primary's DSN plus pgryw's replicas and
+// wait_timeout keys, as an application would write it; pgryw-no-replica
+// gets no replicas key (pgryw's no-replica mode), pgryw-session
+// session_scope=conn (each iteration's insert and read share a
+// pgryw.Session of their own instead of the pool's watermark).
+func newPgryw(kind, primaryDSN string, replicaAddrs []string, budget time.Duration, poolSize int) (*pgrywStrategy, error) {
+	var kv [][2]string
+	if kind != pgrywNoReplica {
+		kv = append(kv, [2]string{"replicas", strings.Join(replicaAddrs, ",")})
+	}
+	if kind == pgrywSession {
+		kv = append(kv, [2]string{"session_scope", "conn"})
+	}
+	kv = append(kv, [2]string{"wait_timeout", budget.String()})
+	cfg, err := pgryw.ParseDSN(withParams(primaryDSN, kv))
 	if err != nil {
 		return nil, err
 	}
@@ -177,8 +273,14 @@ func newPgryw(primaryDSN string, replicaAddrs []string, budget time.Duration) (*
 	if err != nil {
 		return nil, err
 	}
-	ins, get := statements(tableName(pgrywName))
-	return &pgrywStrategy{db: sql.OpenDB(c), conn: c, insertSQL: ins, getSQL: get}, nil
+	ins, get := statements(tableName(kind))
+	if kind == pgrywRead {
+		_, get = statements(preloadTable)
+	}
+	db := sql.OpenDB(c)
+	db.SetMaxOpenConns(poolSize)
+	db.SetMaxIdleConns(poolSize)
+	return &pgrywStrategy{kind: kind, db: db, conn: c, insertSQL: ins, getSQL: get}, nil
 }
 
 // withParams appends key=value pairs to a URL or keyword/value DSN.
@@ -197,17 +299,43 @@ func withParams(dsn string, kv [][2]string) string {
 	return dsn
 }
 
-func (s *pgrywStrategy) name() string { return pgrywName }
+func (s *pgrywStrategy) name() string { return s.kind }
 
-func (s *pgrywStrategy) insert(ctx context.Context, id, v int64) error {
-	_, err := s.db.ExecContext(ctx, s.insertSQL, id, v)
-	return err
+func (s *pgrywStrategy) shape() shape {
+	switch s.kind {
+	case pgrywWrite:
+		return insertOnly
+	case pgrywRead:
+		return readOnly
+	}
+	return insertRead
 }
 
-func (s *pgrywStrategy) read(ctx context.Context, id int64) (v sql.NullInt64, port int64, err error) {
-	var p sql.NullInt64
-	err = s.db.QueryRowContext(ctx, s.getSQL, id).Scan(&v, &p)
-	return v, p.Int64, err
+func (s *pgrywStrategy) insert(ctx context.Context, id, v int64) (time.Duration, error) {
+	if s.kind == pgrywSession {
+		sess := pgryw.NewSession()
+		s.sessions.Store(id, sess)
+		ctx = pgryw.WithSession(ctx, sess)
+	}
+	_, err := s.db.ExecContext(ctx, s.insertSQL, id, v)
+	return 0, err
+}
+
+func (s *pgrywStrategy) read(ctx context.Context, id int64) (readOut, error) {
+	if s.kind == pgrywSession {
+		sess, ok := s.sessions.LoadAndDelete(id)
+		if !ok {
+			return readOut{}, errors.New("no session for the row")
+		}
+		ctx = pgryw.WithSession(ctx, sess.(*pgryw.Session))
+	}
+	var (
+		out readOut
+		p   sql.NullInt64
+	)
+	err := s.db.QueryRowContext(ctx, s.getSQL, id).Scan(&out.v, &p)
+	out.port, out.tries = p.Int64, 1
+	return out, err
 }
 
 // errInterrupted ends a run on Ctrl-C or SIGTERM.

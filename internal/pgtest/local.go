@@ -231,7 +231,7 @@ func startLocal(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
 	}
-	if err := writeCommonConf(w.node.DataDir); err != nil {
+	if err := writeCommonConf(w.node.DataDir, opts.Settings); err != nil {
 		return nil, err
 	}
 	t1 := time.Now()
@@ -317,7 +317,7 @@ func standbyLines(w Node, app string, delay time.Duration) []string {
 // writeCommonConf appends settings shared by all nodes; the copies and base
 // backups inherit postgresql.conf, and per-node values (port, socket dir,
 // standby settings) live in pgtest_node.conf, included last so they win.
-func writeCommonConf(data string) error {
+func writeCommonConf(data string, settings []string) error {
 	conf := `
 # pgtest
 listen_addresses = '127.0.0.1'
@@ -339,8 +339,14 @@ wal_retrieve_retry_interval = 100ms
 track_commit_timestamp = on
 log_min_messages = warning
 logging_collector = off
-include_if_exists = 'pgtest_node.conf'
 `
+	for i, l := range settings {
+		if strings.ContainsAny(l, "\r\n") {
+			return fmt.Errorf("pgtest: Options.Settings[%d] holds a line break; give one setting per entry", i)
+		}
+		conf += l + "\n"
+	}
+	conf += "include_if_exists = 'pgtest_node.conf'\n"
 	f, err := os.OpenFile(filepath.Join(data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return err

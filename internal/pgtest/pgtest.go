@@ -66,6 +66,11 @@ type Options struct {
 	BinDir string
 	// Logf, when set, receives progress messages (which bin dir, timings).
 	Logf func(format string, args ...any)
+	// Settings are extra postgresql.conf lines ("name = value") for every
+	// node of a local cluster, appended after pgtest's own (so they win
+	// over them), e.g. shared_preload_libraries. External and Docker
+	// clusters ignore them.
+	Settings []string
 }
 
 // Node is one server of a cluster.

@@ -228,7 +228,8 @@ func TestPromoteCopyRoute(t *testing.T) {
 	ctx := ctxFor(t)
 	defer pgtest.SetForceCopy(true)()
 	start := time.Now()
-	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, ApplyDelay: 100 * time.Millisecond, BinDir: cluster.BinDir})
+	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, ApplyDelay: 100 * time.Millisecond, BinDir: cluster.BinDir,
+		Settings: []string{"work_mem = '7MB'"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,6 +249,12 @@ func TestPromoteCopyRoute(t *testing.T) {
 	if !has(t, ctx, r, "promo", 1) {
 		t.Fatal("copy-route replica lacks the row")
 	}
+	for name, conn := range map[string]*pgx.Conn{"writer": w, "replica": r} {
+		var wm string
+		if err := conn.QueryRow(ctx, "SHOW work_mem").Scan(&wm); err != nil || wm != "7MB" {
+			t.Errorf("%s: Options.Settings work_mem = '7MB': SHOW work_mem = %q, %v", name, wm, err)
+		}
+	}
 	if err := c.Promote(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -260,6 +267,15 @@ func TestPromoteCopyRoute(t *testing.T) {
 	}
 	if _, err := os.Stat(c.Writer.DataDir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("data dir left after Close: %v", err)
+	}
+}
+
+func TestSettingsWithLineBreakFails(t *testing.T) {
+	requireLocal(t)
+	_, err := pgtest.Start(ctxFor(t), pgtest.Options{Replicas: 1, BinDir: cluster.BinDir,
+		Settings: []string{"work_mem = '7MB'\nfsync = on"}})
+	if err == nil || !strings.Contains(err.Error(), "Settings[0]") {
+		t.Fatalf("Start with a setting holding a line break: %v; want an error naming Settings[0]", err)
 	}
 }
 
