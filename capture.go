@@ -335,6 +335,7 @@ func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
 		return 0, nil
 	}
 	db := cn.c.cfg.SessionScope == ScopeDB
+	cn.settlePoll(ctx) // the floor of this connection's last replica read
 	// Writes that returned before their positions arrived (deferred.go).
 	if err := cn.settlePending(ctx, true); err != nil {
 		return 0, err

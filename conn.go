@@ -26,6 +26,10 @@ type Conn struct {
 	// 0: reads go to replicas, with the session's settings carried along.
 	pins pinReason
 
+	// poll: the replay poll behind this connection's last replica read,
+	// left to be settled by its next one (replica.go).
+	poll pendingPoll
+
 	// pending: the capture behind this connection's last statement on the
 	// primary, left to be settled later (deferred.go).
 	pending *pendingCapture

@@ -134,6 +134,9 @@ type attempt struct {
 }
 
 func (a *attempt) read() {
+	if a.cn.poll.b == a.b {
+		a.cn.settlePoll(a.ctx) // its slot is about to be reused
+	}
 	set := a.cn.armSettings(a.b)
 	if w := a.b.wire; w != nil {
 		if a.trail && a.cn.c.cfg.ReadYourWrites {
@@ -168,7 +171,10 @@ func (a *attempt) drop() {
 // finish settles a read that was served: it reads the replay position that
 // rode behind it and raises the connection's floor to it. Without one, the
 // floor is marked lost and the next replica read captures a primary position
-// first.
+// first. The poll's answer comes after the read's own ReadyForQuery: when it
+// is not in yet, the read returns without it, and the connection's next
+// replica read, which is the first to need the floor, settles it
+// (settlePoll).
 func (a *attempt) finish() {
 	cn, b, inj := a.cn, a.b, a.post
 	a.post = nil
@@ -178,14 +184,42 @@ func (a *attempt) finish() {
 		}
 		return
 	}
-	if !cn.await(a.ctx, b, inj) || inj.Err() != nil {
+	if inj.Sent() && !inj.Done() && !b.closed() && cn.poll.b == nil {
+		b.wire.Disarm()
+		cn.poll = pendingPoll{b: b, inj: inj}
+		return
+	}
+	cn.applyPoll(a.ctx, b, inj)
+}
+
+// pendingPoll is a read's trailing replay poll whose answer had not arrived
+// when the read returned.
+type pendingPoll struct {
+	b   *backend
+	inj *wire.Injection
+}
+
+// settlePoll applies the connection's pending replay poll, waiting for its
+// answer within ctx: before the connection's next replica read, which needs
+// the floor and would reuse the poll's slot.
+func (cn *Conn) settlePoll(ctx context.Context) {
+	if p := cn.poll; p.b != nil {
+		cn.poll = pendingPoll{}
+		cn.applyPoll(ctx, p.b, p.inj)
+	}
+}
+
+// applyPoll reads a trailing replay poll's answer and raises the
+// connection's floor to it, or marks the floor lost.
+func (cn *Conn) applyPoll(ctx context.Context, b *backend, inj *wire.Injection) {
+	if !cn.await(ctx, b, inj) || inj.Err() != nil {
 		if err := inj.Err(); err != nil {
 			b.injectionFailed(stmtPoll, err)
 			if isRefusal(err) {
 				b.node.markRefused()
 			}
 		}
-		cn.markLost(a.ctx, false)
+		cn.markLost(ctx, false)
 		return
 	}
 	row, null := inj.Row()
@@ -196,7 +230,7 @@ func (a *attempt) finish() {
 		if err == nil && !inRecovery {
 			b.node.notStandby.Store(true)
 		}
-		cn.markLost(a.ctx, false)
+		cn.markLost(ctx, false)
 		return
 	}
 	cn.c.topo.observe(b.node, l, time.Now().UnixNano())
