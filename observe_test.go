@@ -205,7 +205,7 @@ func TestServedByRoutes(t *testing.T) {
 		// insert, 2 hinted reads, 2 in the transaction, BEGIN, COMMIT, SET, pinned read
 		Statements: 9, Writes: 2, Reads: 7, Transactions: 1,
 		WaitTime: WaitHistogram{Counts: make([]int64, len(waitBounds)+1)},
-		Pinned: 1, // by the SET: a test double cannot read the state back
+		Pinned:   1, // by the SET: a test double cannot read the state back
 	}
 	replica := NodeStats{Addr: r, Host: "replica0.invalid", Port: 5433, Role: RoleReplica, Health: HealthUp,
 		Statements: 5, Reads: 5, Transactions: 1,
