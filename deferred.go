@@ -125,7 +125,14 @@ func (cn *Conn) settlePending(ctx context.Context, need bool) error {
 	if p == nil {
 		return nil
 	}
-	if !need && !p.ready() && !cn.primary.closed() {
+	if cn.primary.closed() && !p.ready() {
+		// pgx closes a broken connection's socket in the background (it
+		// may wait seconds for a stalled server): nothing more will come.
+		p.abandon()
+		cn.pending = nil
+		return nil
+	}
+	if !need && !p.ready() {
 		return nil
 	}
 	if err := p.settle(ctx); err != nil {
@@ -138,10 +145,34 @@ func (cn *Conn) settlePending(ctx context.Context, need bool) error {
 // applyArrived settles the pending capture once its answer is in, without
 // waiting: after a statement on the primary, whose answer came after it.
 func (cn *Conn) applyArrived() {
-	if p := cn.pending; p != nil && (p.ready() || cn.primary.closed()) {
+	p := cn.pending
+	switch {
+	case p == nil:
+	case p.ready():
 		p.settle(context.Background())
 		cn.pending = nil
+	case cn.primary.closed():
+		p.abandon()
+		cn.pending = nil
 	}
+}
+
+// abandon gives p up: its answer will not come (the connection broke), so
+// its position counts as lost.
+func (p *pendingCapture) abandon() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.settled {
+		return
+	}
+	p.settled = true
+	if p.db {
+		p.cn.c.inflight.remove(p)
+	}
+	if p.cs != nil {
+		p.cs.inflight.remove(p)
+	}
+	p.cn.markLostFor(p.cs, p.wrote)
 }
 
 // ready reports that p's answer is in, so settling it does not wait.
@@ -224,19 +255,7 @@ func (cn *Conn) closePending() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if cn.settlePending(ctx, true) != nil {
-		p := cn.pending
-		p.mu.Lock()
-		if !p.settled {
-			p.settled = true
-			if p.db {
-				cn.c.inflight.remove(p)
-			}
-			if p.cs != nil {
-				p.cs.inflight.remove(p)
-			}
-			cn.markLostFor(p.cs, p.wrote)
-		}
-		p.mu.Unlock()
+		cn.pending.abandon()
 		cn.pending = nil
 	}
 }
