@@ -213,21 +213,31 @@ func (cn *Conn) settleCapture(ctx context.Context, b *backend, inj *wire.Injecti
 	if !cn.await(ctx, b, inj) {
 		return primaryPos{}, false
 	}
-	if err := inj.Err(); err != nil {
+	p, ok, err := cn.c.captured(inj)
+	if err != nil {
 		b.injectionFailed(stmtCapture, err)
-		cn.c.stats.captureFailures.Add(1)
-		return primaryPos{}, false
+	}
+	return p, ok
+}
+
+// captured reads the answer to a capture that has arrived and counts it:
+// the position, or the server's error for it (nil when the answer just did
+// not parse).
+func (c *Connector) captured(inj *wire.Injection) (primaryPos, bool, error) {
+	if err := inj.Err(); err != nil {
+		c.stats.captureFailures.Add(1)
+		return primaryPos{}, false, err
 	}
 	row, null := inj.Row()
 	if len(row) != 3 || null[0] {
-		return primaryPos{}, false
+		return primaryPos{}, false, nil
 	}
 	p, err := parseCapture(row)
 	if err != nil {
-		return primaryPos{}, false
+		return primaryPos{}, false, nil
 	}
-	cn.c.stats.captures.Add(1)
-	return p, true
+	c.stats.captures.Add(1)
+	return p, true, nil
 }
 
 // await waits, within ctx, for the rest of a ride-along statement's answer

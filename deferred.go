@@ -165,6 +165,13 @@ func (p *pendingCapture) abandon() {
 	if p.settled {
 		return
 	}
+	p.markSettled()
+	p.cn.markLostFor(p.cs, p.wrote)
+}
+
+// markSettled takes p out of the sets that wait for it. Call it with p.mu
+// held.
+func (p *pendingCapture) markSettled() {
 	p.settled = true
 	if p.db {
 		p.cn.c.inflight.remove(p)
@@ -172,15 +179,13 @@ func (p *pendingCapture) abandon() {
 	if p.cs != nil {
 		p.cs.inflight.remove(p)
 	}
-	p.cn.markLostFor(p.cs, p.wrote)
 }
 
 // ready reports that p's answer is in, so settling it does not wait.
 func (p *pendingCapture) ready() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	done, _, _, _ := p.b.wire.Result(p.inj)
-	return p.settled || done
+	return p.settled || p.inj.Done()
 }
 
 // settle reads p's answer, within ctx, and applies it. When ctx ends first
@@ -192,21 +197,15 @@ func (p *pendingCapture) settle(ctx context.Context) error {
 	if p.settled {
 		return nil
 	}
-	// Only the wire layer's view of the connection: this may run on
-	// another goroutine than the one using it.
-	b := p.b
-	if done, _, _, _ := b.wire.Result(p.inj); !done {
-		if err := b.wire.Await(ctx, p.inj); err != nil && ctx.Err() != nil {
+	// Only the wire layer's view of the connection (the injection's
+	// accessors take its lock): this may run on another goroutine than
+	// the one using it.
+	if !p.inj.Done() {
+		if err := p.b.wire.Await(ctx, p.inj); err != nil && ctx.Err() != nil {
 			return ctx.Err()
 		}
 	}
-	p.settled = true
-	if p.db {
-		p.cn.c.inflight.remove(p)
-	}
-	if p.cs != nil {
-		p.cs.inflight.remove(p)
-	}
+	p.markSettled()
 	p.cn.applyPending(p)
 	return nil
 }
@@ -214,32 +213,22 @@ func (p *pendingCapture) settle(ctx context.Context) error {
 // applyPending does with a settled capture what afterPrimary does with one
 // it waited for.
 func (cn *Conn) applyPending(p *pendingCapture) {
-	c := cn.c
-	done, row, null, err := p.b.wire.Result(p.inj)
 	var (
 		pos primaryPos
 		ok  bool
 	)
-	switch {
-	case !done:
-	case err != nil:
-		// A prepared capture dropped behind pgryw's back is prepared again
-		// by forgetPrepared before DEALLOCATE and DISCARD ALL; nothing here
-		// touches the connection, which another goroutine may be using.
-		c.stats.captureFailures.Add(1)
-	default:
-		if len(row) == 3 && !null[0] {
-			var err error
-			pos, err = parseCapture(row)
-			ok = err == nil
-		}
+	if p.inj.Done() {
+		// A server error is not passed to injectionFailed: a prepared
+		// capture dropped behind pgryw's back is prepared again by
+		// forgetPrepared before DEALLOCATE and DISCARD ALL, and nothing
+		// here touches the connection, which another goroutine may be
+		// using.
+		pos, ok, _ = cn.c.captured(p.inj)
 	}
 	switch {
 	case ok && p.wrote:
-		c.stats.captures.Add(1)
 		cn.advanceFor(p.cs, pos, p.seen)
 	case ok:
-		c.stats.captures.Add(1)
 		cn.raiseConn(pos, p.seen)
 	default:
 		cn.markLostFor(p.cs, p.wrote)

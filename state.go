@@ -368,6 +368,7 @@ func (cn *Conn) armSettings(b *backend) *wire.Injection {
 		}
 		names, values, null = append(names, n), append(values, set.values[i]), append(null, false)
 	}
+	kept := len(names) // what the replica session has once they take; the rest are reset
 	for _, n := range b.applied.names {
 		if !slices.Contains(names, n) {
 			names, values, null = append(names, n), append(values, ""), append(null, true)
@@ -377,20 +378,10 @@ func (cn *Conn) armSettings(b *backend) *wire.Injection {
 		b.applied = applied{version: set.version}
 		return nil
 	}
-	b.applied.pending = names[:len(names)-countTrue(null)]
+	b.applied.pending = names[:kept]
 	inj := b.injectPrepared(&b.state, stmtSettings, sqlApplySettings, textArray(names, nil), textArray(values, null))
 	b.wire.Prefix(inj)
 	return inj
-}
-
-func countTrue(v []bool) int {
-	n := 0
-	for _, x := range v {
-		if x {
-			n++
-		}
-	}
-	return n
 }
 
 // settledSettings reads the answer to armSettings' injection once the read

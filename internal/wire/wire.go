@@ -310,18 +310,6 @@ func appendQuery(buf []byte, sql string) []byte {
 	return append(buf, 0)
 }
 
-// Result returns in's answer as far as it has arrived, read under the
-// connection's lock: for a goroutine other than the one using the
-// connection, while pgx's reads may be filling it in.
-func (c *Conn) Result(in *Injection) (done bool, row []string, null []bool, err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if in.err != nil {
-		err = in.err
-	}
-	return in.done, append([]string(nil), in.row...), append([]bool(nil), in.null...), err
-}
-
 // PendingByte returns the first byte Await read from the socket and kept
 // for pgx's next Read, if any: on an idle connection, the start of
 // whatever the server sent unasked.
