@@ -3,6 +3,7 @@ package pgryw
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgryw/pgryw/internal/wire"
@@ -51,11 +52,13 @@ type pendingCapture struct {
 type pendingSet struct {
 	mu   sync.Mutex
 	list []*pendingCapture
+	n    atomic.Int32 // len(list), read without the lock by every replica read
 }
 
 func (s *pendingSet) add(p *pendingCapture) {
 	s.mu.Lock()
 	s.list = append(s.list, p)
+	s.n.Store(int32(len(s.list)))
 	s.mu.Unlock()
 }
 
@@ -67,11 +70,15 @@ func (s *pendingSet) remove(p *pendingCapture) {
 			break
 		}
 	}
+	s.n.Store(int32(len(s.list)))
 	s.mu.Unlock()
 }
 
 // settle settles every capture in the set, within ctx.
 func (s *pendingSet) settle(ctx context.Context) error {
+	if s.n.Load() == 0 {
+		return nil // the common case, without taking the pool-wide lock
+	}
 	s.mu.Lock()
 	if len(s.list) == 0 {
 		s.mu.Unlock()
