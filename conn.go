@@ -30,6 +30,13 @@ type Conn struct {
 	// left to be settled by its next one (replica.go).
 	poll pendingPoll
 
+	// unbounded: the replica connection that served this connection's last
+	// replica read when no poll rode behind it (one replica, trailPolls):
+	// what that read saw is bounded only by what this server connection
+	// replays next, so no other may serve the next read before the
+	// connection's watermark is raised to a primary position.
+	unbounded *backend
+
 	// pending: the capture behind this connection's last statement on the
 	// primary, left to be settled later (deferred.go).
 	pending *pendingCapture

@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"strconv"
@@ -283,6 +284,124 @@ func TestIntegrationMonotonicAcrossNodes(t *testing.T) {
 			seen = n
 		}
 	})
+}
+
+// TestIntegrationMonotonicOneReplicaAddress: with one replica no replay poll
+// rides behind reads (a connection's reads stay on one server connection,
+// whose replay never goes backwards). When that connection is replaced, the
+// new one may reach another server (an address in front of several
+// standbys, a restarted standby back at an earlier consistent point): the
+// next replica read must not see less than the last one did. Replica 0 is
+// ahead, replica 1 paused behind; one address points at 0, then at 1.
+func TestIntegrationMonotonicOneReplicaAddress(t *testing.T) {
+	table := newTable(t)
+	ctx := context.Background()
+	if err := cluster.PauseReplay(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := cluster.ResumeReplay(ctx, 1); err != nil {
+			t.Error(err)
+		}
+		if err := cluster.WaitCaughtUp(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	pc, err := pgx.Connect(ctx, cluster.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close(ctx)
+	if _, err := pc.Exec(ctx, "INSERT INTO "+table+" SELECT g, 1 FROM generate_series(1, 5) g"); err != nil {
+		t.Fatal(err)
+	}
+	waitReplicaCount(t, 0, table, 5)
+	for _, mode := range []string{"on", "off"} {
+		t.Run("read_your_writes="+mode, func(t *testing.T) {
+			p := startSwitchProxy(t, cluster.ReplicaAddrs()[0])
+			db, _ := openDSN(t, cluster.WriterDSN()+"&replicas="+p.addr()+"&session_scope=conn&wait_timeout=50ms&read_your_writes="+mode)
+			conn := oneConn(t, db)
+			var on pgryw.Role
+			served := pgryw.WithServedBy(ctx, func(_ context.Context, s pgryw.ServedBy) { on = s.Role })
+			seen := countRows(t, served, conn, table)
+			if on != pgryw.RoleReplica || seen < 5 {
+				t.Fatalf("first read: %d rows on %v, want 5 on the replica", seen, on)
+			}
+			p.retarget(cluster.ReplicaAddrs()[1])
+			// While conn is idle, the monitor sees the replica go and come
+			// back: conn's next replica read is on a new server connection,
+			// with no failed read (and no primary read) in between.
+			time.Sleep(1500 * time.Millisecond)
+			stale := 0
+			deadline := time.Now().Add(3 * time.Second)
+			for i := 0; time.Now().Before(deadline); i++ {
+				time.Sleep(20 * time.Millisecond) // let the closed connection show
+				if n := countRows(t, served, conn, table); n < seen {
+					stale++
+					if mode == "on" {
+						t.Fatalf("read %d saw %d rows on %v after an earlier read saw %d", i, n, on, seen)
+					}
+				}
+			}
+			if mode == "off" && stale == 0 {
+				t.Fatalf("read_your_writes=off: no read saw fewer than %d rows; the test cannot fail", seen)
+			}
+		})
+	}
+}
+
+// switchProxy forwards connections to a target that can be changed;
+// changing it ends the connections forwarded so far.
+type switchProxy struct {
+	ln     net.Listener
+	mu     sync.Mutex
+	target string
+	conns  []net.Conn
+}
+
+func startSwitchProxy(t *testing.T, target string) *switchProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &switchProxy{ln: ln, target: target}
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			up, err := net.Dial("tcp", p.target)
+			if err != nil {
+				p.mu.Unlock()
+				nc.Close()
+				continue
+			}
+			p.conns = append(p.conns, nc, up)
+			p.mu.Unlock()
+			go func() { io.Copy(up, nc); up.Close() }()
+			go func() { io.Copy(nc, up); nc.Close() }()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		p.retarget("")
+	})
+	return p
+}
+
+func (p *switchProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *switchProxy) retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
 }
 
 // Class 4: with session_scope=db, reads do not raise the pool's watermark:

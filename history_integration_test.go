@@ -49,7 +49,7 @@ var historySeed = flag.Int64("seed", 0, "TestHistory: seed of the op and fault s
 
 const (
 	histKeys     = 16
-	histSessions = 6 // the first half on a session_scope=conn pool, the rest on a session_scope=db pool
+	histSessions = 6 // two on each pool: session_scope=conn, session_scope=db, and session_scope=conn over one replica
 	// histMargin: an op whose outcome is unknown but that committed at Tc is
 	// in a read's scope when Tc+histMargin <= the read's start.
 	histMargin     = 50 * time.Millisecond
@@ -259,12 +259,23 @@ func TestHistory(t *testing.T) {
 	h.setup()
 	t.Cleanup(h.heal)
 
-	for i, scope := range []string{"conn", "db"} {
-		extra := "wait_timeout=2s&session_scope=" + scope
+	// Pools: session_scope=conn and db over every replica, and one over a
+	// single replica (replica0), where no replay poll rides behind reads
+	// (a connection's reads stay on one replica connection; see trailPolls).
+	for i, scope := range []string{"conn", "db", "conn1"} {
+		extra := "wait_timeout=2s&session_scope=" + strings.TrimSuffix(scope, "1")
 		if x := os.Getenv("PGRYW_HISTORY_DSN"); x != "" {
 			extra += "&" + x // e.g. read_your_writes=off, to see the checker fail
 		}
-		db, c := openDB(t, extra)
+		var (
+			db *sql.DB
+			c  *pgryw.Connector
+		)
+		if scope == "conn1" {
+			db, c = openDSN(t, cluster.WriterDSN()+"&replicas="+cluster.ReplicaAddrs()[0]+"&"+extra)
+		} else {
+			db, c = openDB(t, extra)
+		}
 		pgryw.SetNetHook(c, h.nw.Wrap)
 		db.SetMaxIdleConns(histSessions * 2)
 		h.pools = append(h.pools, &histPool{idx: i, scope: scope, db: db, c: c})
@@ -281,7 +292,7 @@ func TestHistory(t *testing.T) {
 	var wg sync.WaitGroup
 	sessions := make([]*histSession, histSessions)
 	for slot := range sessions {
-		s := &histSession{h: h, slot: slot, pool: h.pools[slot*2/histSessions],
+		s := &histSession{h: h, slot: slot, pool: h.pools[slot*len(h.pools)/histSessions],
 			rng: rand.New(rand.NewPCG(uint64(seed), uint64(slot)))}
 		sessions[slot] = s
 		wg.Add(1)

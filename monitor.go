@@ -185,21 +185,22 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 		}
 		return nil
 	}
+	l, known, inRecovery, err := parsePoll(row, null)
+	if err == nil && inRecovery && known && l < n.knownReplay() {
+		// Within one standby's history replay only moves forward; a lower
+		// position means the node was restarted, rebuilt or changed
+		// timeline, and what we knew of it no longer holds. Forgotten
+		// before the node is back in reads.
+		n.replay.Store(uint64(l))
+	}
 	n.probeAnswered()
 	n.downUntil.Store(0)
-	l, known, inRecovery, err := parsePoll(row, null)
 	if err != nil || !inRecovery {
 		n.notStandby.Store(true)
 		return b
 	}
 	n.notStandby.Store(false)
 	if known {
-		// Within one standby's history replay only moves forward; a lower
-		// position means the node was rebuilt or changed timeline, and what
-		// we knew of it no longer holds.
-		if l < n.knownReplay() {
-			n.replay.Store(uint64(l))
-		}
 		c.topo.observe(n, l, time.Now().UnixNano())
 	}
 	return b

@@ -342,6 +342,7 @@ var (
 	capFirst   = []string{"Parse pgryw_capture", "Bind pgryw_capture", "Execute", "Sync"}
 	capAgain   = []string{"Bind pgryw_capture", "Execute", "Sync"}
 	pollMsgs   = []string{"Bind pgryw_poll", "Execute", "Sync"}
+	parsePoll  = []string{"Parse pgryw_poll"}
 )
 
 func cat(parts ...[]string) []string { return slices.Concat(parts...) }
@@ -421,8 +422,9 @@ func TestProtocolAutocommitWriteCarriesCapture(t *testing.T) {
 }
 
 // warmReplica runs one read before any write (no check is needed, and the
-// replica connection gets the read and pgryw_poll prepared, as in a running
-// application), then the write.
+// replica connection gets the read prepared, as in a running application),
+// then the write. With one replica no poll rides behind a read (trailPolls):
+// pgryw_poll is prepared by the first check in front of a read.
 func warmReplica(t *testing.T, pc *protoCluster) {
 	t.Helper()
 	var v string
@@ -432,7 +434,7 @@ func warmReplica(t *testing.T, pc *protoCluster) {
 	fs := flushes(pc.replica, false)
 	want := [][]string{
 		{"Parse " + protoRead, "Describe S " + protoRead, "Sync"},
-		cat(readExec, []string{"Parse pgryw_poll"}, pollMsgs),
+		readExec,
 	}
 	var got [][]string
 	for _, f := range fs {
@@ -441,18 +443,16 @@ func warmReplica(t *testing.T, pc *protoCluster) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("warm-up read: replica flushes\n %q\nwant\n %q", got, want)
 	}
-	if !bytes.HasSuffix(fs[1].batch.Raw, pollFirst) {
-		t.Fatalf("warm-up read: trailing poll bytes\n% x", fs[1].batch.Raw)
-	}
 	if _, err := pc.db.Exec(protoInsert, 1); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // A read after a write on a PostgreSQL 15 standby: pgryw_poll in front of
-// pgx's messages and another behind them, in one flush; the replica has
-// replayed the capture's position, so its rows are returned. The next read
-// goes alone with its trailing poll: the replica is known to be caught up.
+// pgx's messages, in one flush; the replica has replayed the capture's
+// position, so its rows are returned. The next read goes alone: the replica
+// is known to be caught up. (With one replica nothing rides behind a read;
+// TestProtocolTwoReplicasTrailingPoll shows the poll behind it.)
 func TestProtocolReplicaReadPollsInOneFlush(t *testing.T) {
 	pc := newProtoCluster(t, "15.4", "")
 	warmReplica(t, pc)
@@ -460,7 +460,7 @@ func TestProtocolReplicaReadPollsInOneFlush(t *testing.T) {
 	writerBefore := len(flushes(pc.writer, false))
 	before := len(flushes(pc.replica, false))
 
-	for i, want := range [][]string{cat(pollMsgs, readExec, pollMsgs), cat(readExec, pollMsgs)} {
+	for i, want := range [][]string{cat(parsePoll, pollMsgs, readExec), readExec} {
 		var v string
 		if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
 			t.Fatalf("read %d: %q, %v", i, v, err)
@@ -474,8 +474,8 @@ func TestProtocolReplicaReadPollsInOneFlush(t *testing.T) {
 			t.Fatalf("read %d: replica flush\n %q\nwant\n %q", i, f.msgs, want)
 		}
 		if i == 0 {
-			if !bytes.HasPrefix(f.batch.Raw, pollAgain) || !bytes.HasSuffix(f.batch.Raw, pollAgain) {
-				t.Fatalf("poll bytes not in front and behind:\n% x", f.batch.Raw)
+			if !bytes.HasPrefix(f.batch.Raw, pollFirst) {
+				t.Fatalf("poll bytes not in front:\n% x", f.batch.Raw)
 			}
 			settleMonitor(t, pc)
 		}
@@ -485,6 +485,53 @@ func TestProtocolReplicaReadPollsInOneFlush(t *testing.T) {
 	}
 	if st := pc.c.Stats(); st.ReplicaReads != 3 || st.Fallbacks != 0 || st.Waits != 0 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// With two replicas a poll rides behind every replica read, in the read's
+// flush: it bounds what the read saw, so that the connection's next read,
+// which may go to the other replica, sees no less (monotonic reads).
+func TestProtocolTwoReplicasTrailingPoll(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "")
+	r2 := &protoReplica{replay: protoStart, status: "success"}
+	second, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: r2.handle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { second.Close() })
+	cfg, err := pgryw.ParseDSN(fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 replicas=%s,%s",
+		pc.writer.Host(), pc.writer.Port(), pc.replica.Addr(), second.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pgryw.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(c)
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	for i := 0; i < 4; i++ {
+		var v string
+		if err := db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "old" {
+			t.Fatalf("read %d: %q, %v", i, v, err)
+		}
+	}
+	var got [][]string
+	for _, srv := range []*pgfake.Server{pc.replica, second} {
+		for _, f := range flushes(srv, false) {
+			if !reflect.DeepEqual(f.msgs, []string{"Parse " + protoRead, "Describe S " + protoRead, "Sync"}) {
+				got = append(got, f.msgs)
+			}
+		}
+	}
+	if len(got) != 4 {
+		t.Fatalf("%d reads on the replicas, want 4: %q", len(got), got)
+	}
+	for _, msgs := range got {
+		if !reflect.DeepEqual(msgs, cat(readExec, pollMsgs)) && !reflect.DeepEqual(msgs, cat(readExec, parsePoll, pollMsgs)) {
+			t.Fatalf("replica flush %q; want the read, pgryw_poll", msgs)
+		}
 	}
 }
 
@@ -531,7 +578,11 @@ func TestProtocolReplicaBehindDiscardsAndRereads(t *testing.T) {
 		t.Fatalf("read took %d flushes, want 2 (one per attempt): %v", len(fs), fs)
 	}
 	for i, f := range fs {
-		if want := cat(pollMsgs, readExec, pollMsgs); !reflect.DeepEqual(f.msgs, want) {
+		want := cat(pollMsgs, readExec)
+		if i == 0 {
+			want = cat(parsePoll, want)
+		}
+		if !reflect.DeepEqual(f.msgs, want) {
 			t.Fatalf("attempt %d: flush\n %q\nwant\n %q", i, f.msgs, want)
 		}
 	}
@@ -590,8 +641,8 @@ func TestProtocolWaitForLSN(t *testing.T) {
 				t.Fatalf("read took %d flushes on the replica, want 1", len(fs))
 			}
 			msgs := fs[0].msgs
-			if len(msgs) != 7 || !strings.HasPrefix(msgs[0], "Query ") || !reflect.DeepEqual(msgs[1:], cat(readExec, pollMsgs)) {
-				t.Fatalf("replica flush %q; want WAIT FOR, the read, pgryw_poll", msgs)
+			if len(msgs) != 4 || !strings.HasPrefix(msgs[0], "Query ") || !reflect.DeepEqual(msgs[1:], readExec) {
+				t.Fatalf("replica flush %q; want WAIT FOR, the read", msgs)
 			}
 			m := waitForRE.FindStringSubmatch(strings.TrimPrefix(msgs[0], "Query "))
 			if m == nil {
@@ -636,7 +687,7 @@ func TestProtocolPollTimeoutFallsBack(t *testing.T) {
 	pipelined := 0
 	for i, f := range fs {
 		switch {
-		case reflect.DeepEqual(f.msgs, cat(pollMsgs, readExec, pollMsgs)):
+		case reflect.DeepEqual(f.msgs, cat(pollMsgs, readExec)), i == 0 && reflect.DeepEqual(f.msgs, cat(parsePoll, pollMsgs, readExec)):
 			if i != pipelined {
 				t.Fatalf("flush %d carries the read after polls alone: %v", i, fs)
 			}
@@ -905,7 +956,7 @@ func TestProtocolTransactions(t *testing.T) {
 		cat([]string{"Parse pgryw_poll"}, pollMsgs, []string{"Query begin isolation level repeatable read read only"}),
 		{"Parse " + protoRead, "Describe S " + protoRead, "Sync"},
 		readExec,
-		cat([]string{"Query commit"}, pollMsgs),
+		{"Query commit"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("read-only transaction: replica flushes\n %q\nwant\n %q", got, want)
@@ -960,7 +1011,7 @@ func TestProtocolCutWriteRunsOnce(t *testing.T) {
 			}
 			want := [][]string{
 				cat([]string{"Parse pgryw_poll"}, pollMsgs, []string{"Parse " + protoRead, "Describe S " + protoRead, "Sync"}),
-				cat(readExec, pollMsgs),
+				readExec,
 			}
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("replica flushes\n %q\nwant\n %q", got, want)

@@ -139,7 +139,7 @@ func (a *attempt) read() {
 	}
 	set := a.cn.armSettings(a.b)
 	if w := a.b.wire; w != nil {
-		if a.trail && a.cn.c.cfg.ReadYourWrites {
+		if a.trail && a.cn.c.cfg.ReadYourWrites && a.cn.c.trailPolls() {
 			a.post = a.b.injectPrepared(&a.b.post, stmtPoll, sqlPoll)
 			w.AppendAfterExec(a.post)
 		}
@@ -179,11 +179,16 @@ func (a *attempt) finish() {
 	cn, b, inj := a.cn, a.b, a.post
 	a.post = nil
 	if inj == nil {
-		if b.wire != nil && cn.c.cfg.ReadYourWrites && a.trail {
+		switch {
+		case !a.trail || !cn.c.cfg.ReadYourWrites:
+		case !cn.c.trailPolls():
+			cn.unbounded = b
+		case b.wire != nil:
 			cn.markLost(a.ctx, false)
 		}
 		return
 	}
+	cn.unbounded = nil
 	if inj.Sent() && !inj.Done() && !b.closed() && cn.poll.b == nil {
 		b.wire.Disarm()
 		cn.poll = pendingPoll{b: b, inj: inj}
@@ -191,6 +196,16 @@ func (a *attempt) finish() {
 	}
 	cn.applyPoll(a.ctx, b, inj)
 }
+
+// trailPolls reports whether a replay poll rides behind each replica read to
+// bound what it saw. With one replica it does not: a connection's replica
+// reads all run on the same server connection to that replica, whose replay
+// position never goes backwards, so the read is its own bound
+// (Conn.unbounded), and the primary has everything a standby of it replayed.
+// Only a read on another server connection (the replica was reconnected,
+// perhaps restarted, which can take it back to an earlier consistent point)
+// needs the floor; it then reads a fresh primary position first (onReplica).
+func (c *Connector) trailPolls() bool { return len(c.topo.replicas) > 1 }
 
 // pendingPoll is a read's trailing replay poll whose answer had not arrived
 // when the read returned.
@@ -290,6 +305,22 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		}
 		if err != nil {
 			return false, nil, err
+		}
+		if u := cn.unbounded; u != nil && u != b {
+			// The connection's last replica read ran on another server
+			// connection, and no poll bounded what it saw: only a primary
+			// position does now.
+			cn.unbounded = nil
+			cn.markLost(ctx, false)
+			if wm, err = cn.watermark(ctx); err != nil {
+				if ctx.Err() != nil {
+					return false, nil, ctx.Err()
+				}
+				cn.skip(nil, FallbackPositionLost)
+				return cn.toPrimary(), nil, nil
+			}
+			tried &^= 1 << uint(b.node.index%64)
+			continue
 		}
 		a := &attempt{ctx: ctx, cn: cn, b: b, run: run, trail: trail}
 		res, chkErr := waitOK, error(nil)
