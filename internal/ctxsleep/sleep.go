@@ -7,9 +7,31 @@ import (
 	"time"
 )
 
+// Short is the longest sleep taken on the sleeping thread itself (see
+// Sleep); 0 where there is no such sleep.
+const Short = short
+
 // Sleep waits for d or until ctx is done, whichever comes first, and returns
 // ctx.Err() in the second case.
+//
+// A Go timer shorter than a millisecond fires about a millisecond late in a
+// process with nothing else to run (the runtime's network poller waits in
+// whole milliseconds on Linux), five times the 200 µs a replica poll means
+// to wait. Where the operating system offers a precise sleep (Linux:
+// nanosleep, late by the thread's timer slack, 50 µs by default), a sleep up
+// to Short takes it on the calling thread instead; the context is looked at
+// before and after, so it is overrun by at most Short.
 func Sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return nil
+	}
+	if d <= Short {
+		threadSleep(d)
+		return ctx.Err()
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -21,3 +21,22 @@ func TestSleep(t *testing.T) {
 		t.Fatal("a cancelled sleep did not end at once")
 	}
 }
+
+// A short sleep ends with the context too, and a sleep of nothing or less
+// returns at once.
+func TestShortSleep(t *testing.T) {
+	for _, d := range []time.Duration{-time.Second, 0, 100 * time.Microsecond, Short} {
+		start := time.Now()
+		if err := Sleep(context.Background(), d); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took < max(d, 0) || took > max(d, 0)+time.Second {
+			t.Fatalf("Sleep(%v) took %v", d, took)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := Sleep(ctx, 100*time.Microsecond); !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v", err)
+	}
+}
