@@ -341,22 +341,31 @@ func (cn *Conn) raiseConn(p primaryPos, seen lostSeen) bool {
 // unsigned token: clamped, so that no read waits for a position that will
 // not come).
 func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
+	return cn.watermarkBut(ctx, nil)
+}
+
+// watermarkBut is watermark leaving the connection's own pending capture
+// skip, when not nil, in flight: the position it returns is then a lower
+// bound of the watermark, which watermark gives once skip has arrived.
+func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN, error) {
 	if !cn.c.cfg.ReadYourWrites {
 		return 0, nil
 	}
 	db := cn.c.cfg.SessionScope == ScopeDB
 	cn.settlePoll(ctx) // the floor of this connection's last replica read
 	// Writes that returned before their positions arrived (deferred.go).
-	if err := cn.settlePending(ctx, true); err != nil {
-		return 0, err
+	if skip == nil {
+		if err := cn.settlePending(ctx, true); err != nil {
+			return 0, err
+		}
 	}
 	if db {
-		if err := cn.c.inflight.settle(ctx); err != nil {
+		if err := cn.c.inflight.settleBut(ctx, skip); err != nil {
 			return 0, err
 		}
 	}
 	if cs := SessionFrom(ctx); cs != nil {
-		if err := cs.inflight.settle(ctx); err != nil {
+		if err := cs.inflight.settleBut(ctx, skip); err != nil {
 			return 0, err
 		}
 	}
@@ -381,6 +390,13 @@ func (cn *Conn) watermark(ctx context.Context) (lsn.LSN, error) {
 	// after a real commit.
 	beyond := csPos > 0 && !foreign && !cs.signed() && csPos > cn.c.topo.hist.latest()
 	if connLost || dbLost || csLost || foreign || beyond {
+		if skip != nil {
+			// The capture below goes on the primary connection, behind
+			// the answer still on its way: take that first.
+			if err := cn.settlePending(ctx, true); err != nil {
+				return 0, err
+			}
+		}
 		seen := cn.lostSeen(ctx)
 		p, err := capture(ctx, cn.primary)
 		if err != nil {

@@ -75,7 +75,10 @@ func (s *pendingSet) remove(p *pendingCapture) {
 }
 
 // settle settles every capture in the set, within ctx.
-func (s *pendingSet) settle(ctx context.Context) error {
+func (s *pendingSet) settle(ctx context.Context) error { return s.settleBut(ctx, nil) }
+
+// settleBut settles every capture in the set but skip, within ctx.
+func (s *pendingSet) settleBut(ctx context.Context, skip *pendingCapture) error {
 	if s.n.Load() == 0 {
 		return nil // the common case, without taking the pool-wide lock
 	}
@@ -87,6 +90,9 @@ func (s *pendingSet) settle(ctx context.Context) error {
 	list := append([]*pendingCapture(nil), s.list...)
 	s.mu.Unlock()
 	for _, p := range list {
+		if p == skip {
+			continue
+		}
 		if err := p.settle(ctx); err != nil {
 			return err
 		}
@@ -147,6 +153,17 @@ func (cn *Conn) settlePending(ctx context.Context, need bool) error {
 	}
 	cn.pending = nil
 	return nil
+}
+
+// inFlight returns the connection's pending capture while its answer is
+// still on its way (nil otherwise): a replica read may then send its check
+// before the position is known (see Conn.onReplica).
+func (cn *Conn) inFlight() *pendingCapture {
+	p := cn.pending
+	if p == nil || p.ready() || cn.primary.closed() {
+		return nil
+	}
+	return p
 }
 
 // applyArrived settles the pending capture once its answer is in, without

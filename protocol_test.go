@@ -65,6 +65,11 @@ type protoWriter struct {
 	// timeline is the writer's timeline (0 means 1): a promoted standby's
 	// is higher.
 	timeline uint32
+	// holdCapture: the answer to a capture riding behind a statement is
+	// held back after the statement's ReadyForQuery until release is
+	// closed, as a busy server's second packet.
+	holdCapture bool
+	release     chan struct{}
 }
 
 // walFile names the WAL file of the writer's position, as pg_walfile_name
@@ -89,6 +94,24 @@ func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 			return nil
 		}
 	}
+	if w.holdCapture && executes(c, b, protoCapture) {
+		out := w.answer(c, b)
+		for i, m := range out {
+			if _, ok := m.(*pgproto3.ReadyForQuery); ok && i < len(out)-1 {
+				rest, release := out[i+1:], w.release
+				go func() {
+					<-release
+					c.Send(rest...)
+				}()
+				return out[:i+1]
+			}
+		}
+		return out
+	}
+	return w.answer(c, b)
+}
+
+func (w *protoWriter) answer(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
 	return c.Answer(b, func(q pgfake.Query) pgfake.Result {
 		switch q.SQL {
 		case protoCapture:
@@ -532,6 +555,78 @@ func TestProtocolTwoReplicasTrailingPoll(t *testing.T) {
 		if !reflect.DeepEqual(msgs, cat(readExec, pollMsgs)) && !reflect.DeepEqual(msgs, cat(readExec, parsePoll, pollMsgs)) {
 			t.Fatalf("replica flush %q; want the read, pgryw_poll", msgs)
 		}
+	}
+}
+
+// A read right after a write whose position has not arrived yet: the check
+// cannot wait for a position it does not have, so a poll rides in front of
+// the read at once, whatever the server; the position, read once the
+// read's answer is in, is compared with the poll's answer. A replica found
+// behind is then waited for as usual: with WAIT FOR on PostgreSQL 19.
+func TestProtocolCheckBeforePositionArrives(t *testing.T) {
+	for _, tc := range []struct {
+		version string
+		caught  bool
+		retry   func(msgs []string) bool // the second attempt's flush
+	}{
+		{"15.4", true, nil},
+		{"19devel", true, nil},
+		{"15.4", false, func(m []string) bool { return reflect.DeepEqual(m, cat(pollMsgs, readExec)) }},
+		{"19devel", false, func(m []string) bool {
+			return len(m) == 4 && waitForRE.MatchString(strings.TrimPrefix(m[0], "Query ")) && reflect.DeepEqual(m[1:], readExec)
+		}},
+	} {
+		t.Run(fmt.Sprintf("%s caught up %v", tc.version, tc.caught), func(t *testing.T) {
+			pc := newProtoCluster(t, tc.version, "wait_timeout=2s")
+			warmReplica(t, pc)
+			if tc.caught {
+				pc.r.replays(protoLSN)
+			} else {
+				pc.r.replays(protoBehind, protoLSN)
+			}
+			pc.w.mu.Lock()
+			pc.w.holdCapture, pc.w.release = true, make(chan struct{})
+			pc.w.mu.Unlock()
+			if _, err := pc.db.Exec(protoInsert, 2); err != nil {
+				t.Fatal(err)
+			}
+			before := len(flushes(pc.replica, false))
+			type answer struct {
+				v   string
+				err error
+			}
+			got := make(chan answer, 1)
+			go func() {
+				var v string
+				err := pc.db.QueryRow(protoRead, 7).Scan(&v)
+				got <- answer{v, err}
+			}()
+			for dl := time.Now().Add(2 * time.Second); len(flushes(pc.replica, false)) == before; time.Sleep(time.Millisecond) {
+				if time.Now().After(dl) {
+					t.Fatal("no check reached the replica while the position was on its way")
+				}
+			}
+			select {
+			case a := <-got:
+				t.Fatalf("the read returned %q, %v before the position arrived", a.v, a.err)
+			case <-time.After(20 * time.Millisecond):
+			}
+			close(pc.w.release)
+			a := <-got
+			if a.err != nil || a.v != "new" {
+				t.Fatalf("read: %q, %v; want the replica's new row", a.v, a.err)
+			}
+			fs := flushes(pc.replica, false)[before:]
+			if !reflect.DeepEqual(fs[0].msgs, cat(parsePoll, pollMsgs, readExec)) {
+				t.Fatalf("first attempt %q; want pgryw_poll, the read", fs[0].msgs)
+			}
+			switch {
+			case tc.caught && len(fs) != 1:
+				t.Fatalf("%d attempts, want 1: %v", len(fs), fs)
+			case !tc.caught && (len(fs) != 2 || !tc.retry(fs[1].msgs)):
+				t.Fatalf("attempts %v; want the poll's, then one more", fs)
+			}
+		})
 	}
 }
 

@@ -46,6 +46,10 @@ func (cn *Conn) dropReplica(b *backend) {
 	b.close()
 }
 
+// errPositionLost: the watermark a read needs could not be read (see
+// pipelined); the read goes to the primary, as when watermark fails.
+var errPositionLost = errors.New("pgryw: the session's position could not be read")
+
 // errUsePrimary tells callers that a read belongs on the primary after all; it
 // never reaches the application.
 var errUsePrimary = errors.New("pgryw: use the primary")
@@ -287,7 +291,17 @@ const pipelinedAttempts = 4
 // tried: a read is safe to send again.
 func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, trail bool, run func(*backend) (func(), error)) (onPrimary bool, done func(), err error) {
 	cn.obs = stmtObs{}
-	wm, err := cn.watermark(ctx)
+	// The connection's own write may have returned before its position
+	// arrived (deferred.go). A poll in front of the read does not need the
+	// position: it is sent at once, and the position, which has arrived by
+	// the time the read's answer has, is compared with the poll's answer
+	// then (pipelined). Not with on_timeout=stale, whose choice of replica
+	// needs the whole watermark.
+	var spec *pendingCapture
+	if cn.c.cfg.ReadYourWrites && cn.c.cfg.OnTimeout != OnTimeoutStale {
+		spec = cn.inFlight()
+	}
+	wm, err := cn.watermarkBut(ctx, spec)
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, nil, ctx.Err()
@@ -312,6 +326,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			// position does now.
 			cn.unbounded = nil
 			cn.markLost(ctx, false)
+			spec = nil
 			if wm, err = cn.watermark(ctx); err != nil {
 				if ctx.Err() != nil {
 					return false, nil, ctx.Err()
@@ -322,11 +337,15 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			tried &^= 1 << uint(b.node.index%64)
 			continue
 		}
+		if spec != nil && cn.pending != spec {
+			spec = nil // settled meanwhile: wm is whole
+		}
 		a := &attempt{ctx: ctx, cn: cn, b: b, run: run, trail: trail}
 		res, chkErr := waitOK, error(nil)
 		switch {
-		case check:
-			res, chkErr = cn.checkedRead(ctx, a, wm)
+		case check || spec != nil:
+			res, chkErr = cn.checkedRead(ctx, a, &wm, spec)
+			spec = nil
 		default:
 			a.read()
 		}
@@ -334,6 +353,10 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			a.drop()
 			if ctx.Err() != nil {
 				return false, nil, ctx.Err()
+			}
+			if errors.Is(chkErr, errPositionLost) {
+				cn.skip(nil, FallbackPositionLost)
+				return cn.toPrimary(), nil, nil
 			}
 			if cerr := cn.c.configError(b, chkErr); cerr != nil {
 				return false, nil, cerr
@@ -459,13 +482,19 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 // it gets a check that does not wait (a replay position poll riding in
 // front of it, whatever the server), and waitBusy if that finds the
 // replica behind.
-func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResult, error) {
+//
+// With spec, the connection's own capture behind its last write was still
+// on its way when the read began, and *wm does not count it: the first try
+// carries a poll whatever the server (it needs no position), *wm is made
+// whole once the read's answer is in, and the poll's answer is compared
+// with that. A replica found behind is then waited for as usual.
+func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, spec *pendingCapture) (waitResult, error) {
 	b := a.b
 	budget := cn.c.budget(ctx)
 	method := cn.c.methodFor(b)
 	serverWaits := method != WaitPoll
 	held, over := false, false
-	if serverWaits {
+	if serverWaits && spec == nil {
 		held = cn.c.enterWait(b.node)
 		over = !held
 		if over {
@@ -480,21 +509,46 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResu
 	deadline := time.Now().Add(budget)
 	for i := 0; ; i++ {
 		if i < pipelinedAttempts || serverWaits {
-			inj := cn.c.armCheck(b, method, wm, max(time.Until(deadline), time.Millisecond))
+			m := method
+			if spec != nil {
+				m = WaitPoll
+			}
+			inj := cn.c.armCheck(b, m, *wm, max(time.Until(deadline), time.Millisecond))
 			notices := b.wire.Notices()
 			a.read()
+			if spec != nil {
+				spec = nil
+				if err := cn.settlePending(ctx, true); err != nil {
+					return waitTimeout, fmt.Errorf("%w: %w", errPositionLost, err)
+				}
+				w, err := cn.watermark(ctx)
+				if err != nil {
+					return waitTimeout, fmt.Errorf("%w: %w", errPositionLost, err)
+				}
+				*wm = w
+			}
 			if a.unset {
 				return waitOK, nil
 			}
-			res, err := cn.c.checked(b, method, inj, wm)
-			if err == nil && res == waitOK && method == WaitPolar {
-				res = cn.c.polarOutcome(b, a, wm, notices)
+			res, err := cn.c.checked(b, m, inj, *wm)
+			if err == nil && res == waitOK && m == WaitPolar {
+				res = cn.c.polarOutcome(b, a, *wm, notices)
 			}
 			if err != nil || res != waitBehind {
 				return res, err
 			}
+			if m != method {
+				// A server that waits does the waiting from here on,
+				// with one of max_waits' places.
+				a.drop()
+				if held = cn.c.enterWait(b.node); !held {
+					return waitBusy, nil
+				}
+				cn.obs.waited = true
+				continue
+			}
 		} else {
-			res, err := cn.c.pollOnce(ctx, b, wm)
+			res, err := cn.c.pollOnce(ctx, b, *wm)
 			if err != nil || res != waitBehind {
 				if err == nil && res == waitOK {
 					a.read()
@@ -519,7 +573,7 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm lsn.LSN) (waitResu
 			cn.c.stats.waits.Add(1)
 			cn.obs.waited = true
 		}
-		if err := ctxsleep.Sleep(ctx, min(cn.c.pollDelay(b.node, wm, i), left)); err != nil {
+		if err := ctxsleep.Sleep(ctx, min(cn.c.pollDelay(b.node, *wm, i), left)); err != nil {
 			return waitTimeout, err
 		}
 	}

@@ -154,10 +154,15 @@ func (c *Connector) waitForAnswer(b *backend, row []string, target lsn.LSN) (wai
 // replica the position arrives within a millisecond, and stay short, because
 // every millisecond of overshoot is added to the read. When the replica's lag
 // has been measured, the first poll waits until the replica is expected to be
-// there.
+// there, but at least pollSoonest. (Sleeps this short are taken with
+// nanosleep, late by ~55 µs, not a Go timer, late by ~1 ms: see ctxsleep.)
+// Measured on loopback (BENCHMARKS.md), a first retry after 100 µs put the
+// read after a write at 1.15–1.25× the spin floor, against 1.30× after
+// 200 µs; retrying at once costs twice the replica statements.
 const (
-	pollFirst = 200 * time.Microsecond
-	pollMax   = 5 * time.Millisecond
+	pollFirst   = 100 * time.Microsecond
+	pollSoonest = 20 * time.Microsecond
+	pollMax     = 5 * time.Millisecond
 )
 
 // pollDelay is how long to wait before asking replica n again, after
@@ -167,7 +172,7 @@ const (
 // one it backs off exponentially up to pollMax.
 func (c *Connector) pollDelay(n *node, wm lsn.LSN, attempt int) time.Duration {
 	if eta, ok := c.topo.eta(n, wm); ok {
-		return max(time.Duration(eta-time.Now().UnixNano()), pollFirst)
+		return max(time.Duration(eta-time.Now().UnixNano()), pollSoonest)
 	}
 	if attempt >= 8 {
 		return pollMax

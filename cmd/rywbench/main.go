@@ -71,6 +71,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -97,6 +98,7 @@ type config struct {
 	strategies                            []string
 	json, demo                            bool
 	primary                               string
+	cpuProfile                            string
 	replicaDSNs                           []string
 	explicit                              map[string]bool // strategies named one by one, not by "all"
 	mix                                   bool            // -mix: strategies mixed within each worker's loop
@@ -138,6 +140,7 @@ func parseFlags() (*config, error) {
 	flag.BoolVar(&cfg.load, "load", false, "load test: -workers (default 32) run mixed writes and reads for -load-time per strategy; reports throughput and the server connections each node sees")
 	flag.DurationVar(&cfg.loadTime, "load-time", 6*time.Second, "with -load: measured time per strategy, split over -rounds")
 	flag.Float64Var(&cfg.writeShare, "write-share", 0.2, "with -load: share of operations that are writes")
+	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write the client's CPU profile (runtime/pprof) of the whole run to this file")
 	flag.BoolVar(&cfg.json, "json", false, "print one JSON object instead of the table")
 	flag.BoolVar(&cfg.demo, "demo", false, "short demo: 1 replica 50ms behind, naive-replica vs pgryw (explicit flags still win)")
 	flag.StringVar(&cfg.primary, "primary", "", "primary's pgx DSN (instead of starting a local cluster)")
@@ -256,6 +259,17 @@ func run(cfg *config) int {
 		stop() // a second Ctrl-C kills at once; the servers die with us
 	}()
 
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return fail(ctx, err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fail(ctx, err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	start := time.Now()
 	e, err := setup(ctx, cfg)
 	if e != nil {
