@@ -356,7 +356,6 @@ var (
 	captureAgain = pgfake.Encode(&pgproto3.Bind{PreparedStatement: "pgryw_capture"}, &pgproto3.Execute{}, &pgproto3.Sync{})
 	pollFirst    = pgfake.Encode(&pgproto3.Parse{Name: "pgryw_poll", Query: protoPoll},
 		&pgproto3.Bind{PreparedStatement: "pgryw_poll"}, &pgproto3.Execute{}, &pgproto3.Sync{})
-	pollAgain = pgfake.Encode(&pgproto3.Bind{PreparedStatement: "pgryw_poll"}, &pgproto3.Execute{}, &pgproto3.Sync{})
 )
 
 var (
