@@ -56,14 +56,15 @@ var errUsePrimary = errors.New("pgryw: use the primary")
 
 // nextReplica picks and connects a replica for a read that needs wm. check
 // reports that the replica is not known to have replayed wm: the caller must
-// check (or wait) on it before using its answer. It returns errUsePrimary when
+// check (or wait) on it before using its answer; stale, that the read is
+// to be served by it unchecked (an overload bound or on_timeout said so). It returns errUsePrimary when
 // no replica is usable, and applies on_timeout at once when every usable
 // replica is known to be too far behind to catch up within the budget (so a
 // lag event does not hold a replica connection per read for the whole
 // budget): errUsePrimary, a *ReplicaBehindError, or (stale) the least behind
 // replica with check false. So it does, with *busy, when every replica left
 // was passed over for max_waits (and clears *busy).
-func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64, busy **node) (b *backend, check bool, err error) {
+func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64, busy **node) (b *backend, check, stale bool, err error) {
 	for {
 		n, hopeless := cn.c.topo.pick(wm, *tried, cn.c.budget(ctx))
 		limit := ""
@@ -72,20 +73,20 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64, busy
 			n, hopeless, limit = *busy, true, fmt.Sprintf("max_waits=%d", cn.c.cfg.MaxWaits)
 			*busy = nil
 		case n == nil:
-			return nil, false, errUsePrimary
+			return nil, false, false, errUsePrimary
 		case hopeless:
 			limit = cn.c.hopelessLimit(n)
 		}
 		if hopeless {
 			if err := cn.behind(ctx, n, wm, limit); err != nil {
-				return nil, false, err
+				return nil, false, false, err
 			}
 		}
 		*tried |= 1 << uint(n.index%64)
 		b, err := cn.replica(ctx, n)
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, false, ctx.Err()
+				return nil, false, false, ctx.Err()
 			}
 			n.markDown()
 			cn.skip(n, FallbackUnreachable)
@@ -95,7 +96,7 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64, busy
 			cn.skip(n, FallbackPromoted)
 			continue
 		}
-		return b, !hopeless && wm > 0 && n.knownReplay() < wm, nil
+		return b, !hopeless && wm > 0 && n.knownReplay() < wm, hopeless, nil
 	}
 }
 
@@ -313,7 +314,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 	var busy *node // a replica passed over for max_waits
 	retriedStale := false
 	for {
-		b, check, err := cn.nextReplica(ctx, wm, &tried, &busy)
+		b, check, stale, err := cn.nextReplica(ctx, wm, &tried, &busy)
 		if errors.Is(err, errUsePrimary) {
 			return cn.toPrimary(), nil, nil
 		}
@@ -343,7 +344,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		a := &attempt{ctx: ctx, cn: cn, b: b, run: run, trail: trail}
 		res, chkErr := waitOK, error(nil)
 		switch {
-		case check || spec != nil:
+		case check || spec != nil && !stale:
 			res, chkErr = cn.checkedRead(ctx, a, &wm, spec)
 			spec = nil
 		default:
