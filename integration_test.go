@@ -202,6 +202,22 @@ func TestIntegrationReadYourWrites(t *testing.T) {
 	w.onReplicas(t)
 }
 
+// With REPEATABLE READ as the session default, the read's snapshot is
+// taken by its own statement, after the check: on PostgreSQL 19 WAIT FOR
+// runs first in the read's implicit transaction (chained, no Sync of its
+// own) and must take no snapshot there.
+func TestIntegrationRepeatableReadDefault(t *testing.T) {
+	setDelay(t, 100*time.Millisecond)
+	db, c := openDB(t, "wait_timeout=1s&options=-c%20default_transaction_isolation%3Drepeatable%5C%20read")
+	var iso string
+	if err := db.QueryRow("SHOW default_transaction_isolation").Scan(&iso); err != nil || iso != "repeatable read" {
+		t.Fatalf("default_transaction_isolation %q, %v", iso, err)
+	}
+	w := insertThenRead(t, db, newTable(t), workers, 50)
+	w.fresh(t, c)
+	w.onReplicas(t)
+}
+
 func TestIntegrationShortBudgetReadsPrimary(t *testing.T) {
 	setDelay(t, 100*time.Millisecond)
 	db, c := openDB(t, "wait_timeout=10ms")

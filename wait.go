@@ -250,6 +250,9 @@ func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget t
 		c.stats.waits.Add(1)
 		c.stats.waitFors.Add(1)
 		inj.Reset(waitForSQL(wm, budget))
+		// In front of pgx's extended-protocol read, without a Sync of
+		// its own: both answers come in one server flush.
+		inj.Chain = true
 	default:
 		inj = b.injectPrepared(&b.pre, stmtPoll, sqlPoll)
 	}

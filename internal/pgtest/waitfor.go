@@ -1,6 +1,7 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -15,7 +16,8 @@ import (
 // PostgreSQL 19's WAIT FOR LSN is in no package these machines can install.
 // To run pgryw's WAIT FOR path end to end against real replicas anyway,
 // WaitForProxy sits in front of a PostgreSQL 15+ standby and rewrites each
-// simple-protocol query of the exact form pgryw sends,
+// statement of the exact form pgryw sends (a simple-protocol Query, or the
+// Parse of one riding with no Sync of its own in front of a read),
 //
 //	WAIT FOR LSN '<lsn>' WITH (MODE 'standby_replay', TIMEOUT '<n>ms', NO_THROW)
 //
@@ -105,15 +107,31 @@ func (p *WaitForProxy) frontend(client, server net.Conn) {
 		if _, err := io.ReadFull(client, body); err != nil {
 			return
 		}
-		if hdr[0] == 'Q' && len(body) > 0 {
-			if m := waitForRE.FindStringSubmatch(string(body[:len(body)-1])); m != nil {
-				q := fmt.Sprintf("SELECT status FROM pgtest_wait_for('%s', %s)", m[1], m[2])
-				body = append([]byte(q), 0)
-				binary.BigEndian.PutUint32(hdr[1:], uint32(len(body)+4))
-				p.mu.Lock()
-				p.n++
-				p.mu.Unlock()
+		var name, query, rest []byte // a Parse's parts; a Query's is all query
+		switch {
+		case hdr[0] == 'Q' && len(body) > 0:
+			query = body[:len(body)-1]
+		case hdr[0] == 'P':
+			// name \0 query \0 parameter types: pgryw's WAIT FOR riding
+			// without a Sync of its own in front of a read.
+			if i := bytes.IndexByte(body, 0); i >= 0 {
+				if j := bytes.IndexByte(body[i+1:], 0); j >= 0 {
+					name, query, rest = body[:i], body[i+1:i+1+j], body[i+1+j+1:]
+				}
 			}
+		}
+		if m := waitForRE.FindStringSubmatch(string(query)); m != nil {
+			q := fmt.Sprintf("SELECT status FROM pgtest_wait_for('%s', %s)", m[1], m[2])
+			if hdr[0] == 'Q' {
+				body = append([]byte(q), 0)
+			} else {
+				body = append(append(append(append([]byte{}, name...), 0), q...), 0)
+				body = append(body, rest...)
+			}
+			binary.BigEndian.PutUint32(hdr[1:], uint32(len(body)+4))
+			p.mu.Lock()
+			p.n++
+			p.mu.Unlock()
 		}
 		if _, err := server.Write(append(hdr[:], body...)); err != nil {
 			return

@@ -3,7 +3,9 @@
 // again before pgx sees them.
 //
 // Conn sits between pgconn and the socket (pgconn.Config.AfterNetConnect, so
-// above TLS). An Injection is one simple-protocol Query message. Prefix sends
+// above TLS). An Injection is one simple-protocol Query message (or
+// prebuilt messages ending in a Sync, or, chained in front of pgx's
+// extended-protocol messages, an unnamed Parse/Bind/Execute). Prefix sends
 // it in front of pgx's next write (a replica's catch-up check ahead of a
 // read); AppendAfterExec sends it behind pgx's next write that executes a
 // statement (the writer's WAL position after the statement's Sync, so after
@@ -38,6 +40,16 @@ import (
 type Injection struct {
 	SQL  string
 	Msgs []byte
+	// Chain lets a prefix of SQL be sent without a Sync of its own, as an
+	// unnamed Parse/Bind/Execute, when pgx's write right behind it starts
+	// with an extended-protocol message: its answer then comes in the same
+	// server flush as pgx's, whose Sync ends the implicit transaction both
+	// run in. An error of the injection's makes the server skip pgx's
+	// messages up to their Sync: pgx is then given the ErrorResponse as
+	// its own (see Chained).
+	Chain bool
+
+	chained bool
 
 	sent bool
 	done bool
@@ -86,6 +98,12 @@ func (in *Injection) Err() error {
 	return nil
 }
 
+// Chained reports whether in went out without a Sync of its own (Chain).
+func (in *Injection) Chained() bool {
+	defer in.lock()()
+	return in.chained
+}
+
 // Reset readies in for reuse with a new SQL text.
 func (in *Injection) Reset(sql string) {
 	*in = Injection{SQL: sql, row: in.row[:0], null: in.null[:0], mu: in.mu}
@@ -100,11 +118,15 @@ func (in *Injection) appendTo(buf []byte) []byte {
 	if in.Msgs != nil {
 		return append(buf, in.Msgs...)
 	}
+	if in.chained {
+		return appendChained(buf, in.SQL)
+	}
 	return appendQuery(buf, in.SQL)
 }
 
 // segment is the server's answer to one Query or Sync, ending with its
-// ReadyForQuery; strip marks pgryw's own.
+// ReadyForQuery; strip marks pgryw's own. A chained injection's segment
+// ends with its CommandComplete or ErrorResponse instead.
 type segment struct {
 	strip bool
 	inj   *Injection
@@ -130,7 +152,8 @@ type Conn struct {
 	hdr      [5]byte
 	hdrN     int
 	left     int
-	curStrip bool
+	curStrip bool // the message is pgryw's: pgx does not see it
+	curKeep  bool // its body is kept for the injection's answer
 	body     []byte
 	abuf     []byte
 }
@@ -198,7 +221,9 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 		return b, 0
 	}
 	buf = c.wbuf[:0]
-	for _, in := range c.prefix {
+	extended := len(b) > 0 && (b[0] == 'P' || b[0] == 'B') && syncs > 0 && !hasQuery(b)
+	for i, in := range c.prefix {
+		in.chained = in.Chain && in.Msgs == nil && extended && i == len(c.prefix)-1
 		buf = in.appendTo(buf)
 		in.sent = true
 		c.queue = append(c.queue, segment{strip: true, inj: in})
@@ -303,6 +328,37 @@ func scanFrontend(b []byte) (syncs int, exec bool, ok bool) {
 	return syncs, exec, true
 }
 
+// hasQuery reports whether pgx's (well-framed) write holds a simple Query
+// or a FunctionCall: a chained injection would share its transaction with
+// a simple Query's own.
+func hasQuery(b []byte) bool {
+	for i := 0; i+5 <= len(b); {
+		if b[i] == 'Q' || b[i] == 'F' {
+			return true
+		}
+		i += 1 + int(binary.BigEndian.Uint32(b[i+1:i+5]))
+	}
+	return false
+}
+
+// appendChained appends sql as an unnamed Parse, Bind and Execute, with no
+// Sync: text results, no parameters.
+func appendChained(buf []byte, sql string) []byte {
+	buf = append(buf, 'P')
+	buf = binary.BigEndian.AppendUint32(buf, uint32(4+1+len(sql)+1+2))
+	buf = append(buf, 0) // unnamed statement
+	buf = append(buf, sql...)
+	buf = append(buf, 0, 0, 0) // no parameter types
+	buf = append(buf, 'B')
+	buf = binary.BigEndian.AppendUint32(buf, 4+1+1+2+2+2)
+	buf = append(buf, 0, 0)       // unnamed portal, unnamed statement
+	buf = append(buf, 0, 0, 0, 0) // no parameter formats, no parameters
+	buf = append(buf, 0, 0)       // results in text
+	buf = append(buf, 'E')
+	buf = binary.BigEndian.AppendUint32(buf, 4+1+4)
+	return append(buf, 0, 0, 0, 0, 0) // unnamed portal, all rows
+}
+
 func appendQuery(buf []byte, sql string) []byte {
 	buf = append(buf, 'Q')
 	buf = binary.BigEndian.AppendUint32(buf, uint32(4+len(sql)+1))
@@ -383,7 +439,13 @@ func (c *Conn) filter(p []byte) int {
 		if c.hdrN < 5 {
 			b := p[i]
 			if c.hdrN == 0 {
-				c.curStrip = len(c.queue) > 0 && c.queue[0].strip && !isAsync(b)
+				ours := len(c.queue) > 0 && c.queue[0].strip
+				// A chained injection's error makes the server skip
+				// pgx's messages up to their Sync, answered with a bare
+				// ReadyForQuery: pgx is given the error too, as its own.
+				chainErr := ours && b == 'E' && c.queue[0].inj.chained
+				c.curStrip = ours && !isAsync(b) && !chainErr
+				c.curKeep = c.curStrip || chainErr
 				if b == 'N' && !c.curStrip {
 					c.notices++
 				}
@@ -409,9 +471,10 @@ func (c *Conn) filter(p []byte) int {
 			continue
 		}
 		k := min(c.left, len(p)-i)
-		if c.curStrip {
+		if c.curKeep {
 			c.body = append(c.body, p[i:i+k]...)
-		} else {
+		}
+		if !c.curStrip {
 			copy(p[w:], p[i:i+k])
 			w += k
 		}
@@ -427,7 +490,7 @@ func (c *Conn) filter(p []byte) int {
 func (c *Conn) endMessage() {
 	t := c.hdr[0]
 	c.hdrN = 0
-	if c.curStrip {
+	if c.curKeep {
 		in := c.queue[0].inj
 		switch t {
 		case 'D':
@@ -447,11 +510,18 @@ func (c *Conn) endMessage() {
 			}
 		}
 	}
-	if t == 'Z' && len(c.queue) > 0 {
-		if s := c.queue[0]; s.strip {
+	if len(c.queue) > 0 {
+		s := c.queue[0]
+		switch {
+		case s.strip && s.inj.chained && (t == 'C' || t == 'E' || t == 'I'):
 			s.inj.done = true
+			c.queue = c.queue[1:]
+		case t == 'Z':
+			if s.strip {
+				s.inj.done = true
+			}
+			c.queue = c.queue[1:]
 		}
-		c.queue = c.queue[1:]
 	}
 }
 

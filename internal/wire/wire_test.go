@@ -420,3 +420,80 @@ func TestReadWaitsForAwait(t *testing.T) {
 		t.Fatalf("read past its deadline: %v", err)
 	}
 }
+
+// A chained prefix goes out as an unnamed Parse/Bind/Execute with no Sync
+// in front of pgx's extended-protocol messages, and its answer (up to its
+// CommandComplete) is taken off; when it fails, pgx is given its error,
+// since the server then answers pgx's messages with a bare ReadyForQuery.
+// In front of a simple Query it goes as a Query of its own.
+func TestChainedPrefix(t *testing.T) {
+	pgxAnswer := enc(t,
+		&pgproto3.BindComplete{},
+		&pgproto3.DataRow{Values: [][]byte{[]byte("new")}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	ok := enc(t,
+		&pgproto3.ParseComplete{},
+		&pgproto3.BindComplete{},
+		&pgproto3.NoticeResponse{Message: "hi"},
+		&pgproto3.DataRow{Values: [][]byte{[]byte("success")}},
+		&pgproto3.CommandComplete{CommandTag: []byte("WAIT")},
+	)
+	failed := enc(t,
+		&pgproto3.ParseComplete{},
+		&pgproto3.BindComplete{},
+		&pgproto3.ErrorResponse{Severity: "ERROR", Code: "57014", Message: "canceling statement due to user request"},
+	)
+	bare := enc(t, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	pgxMsgs := encF(t, &pgproto3.Bind{PreparedStatement: "s"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	wantWire := append(encF(t, &pgproto3.Parse{Query: "WAIT FOR LSN '0/1'"}, &pgproto3.Bind{}, &pgproto3.Execute{}), pgxMsgs...)
+	for seed := int64(0); seed < 200; seed++ {
+		for _, tc := range []struct {
+			name     string
+			answer   []byte
+			pgxSees  []byte
+			wantRow  string
+			wantCode string
+		}{
+			{"success", append(append([]byte{}, ok...), pgxAnswer...), append(enc(t, &pgproto3.NoticeResponse{Message: "hi"}), pgxAnswer...), "success", ""},
+			{"error", append(append([]byte{}, failed...), bare...), append(enc(t, &pgproto3.ErrorResponse{Severity: "ERROR", Code: "57014", Message: "canceling statement due to user request"}), bare...), "", "57014"},
+		} {
+			under := &chunked{data: tc.answer, rng: rand.New(rand.NewSource(seed))}
+			c := Wrap(under)
+			in := &Injection{SQL: "WAIT FOR LSN '0/1'", Chain: true}
+			c.Prefix(in)
+			c.Write(pgxMsgs)
+			if !bytes.Equal(under.written.Bytes(), wantWire) {
+				t.Fatalf("%s: wire\n% x\nwant\n% x", tc.name, under.written.Bytes(), wantWire)
+			}
+			got, _ := io.ReadAll(c)
+			if !bytes.Equal(got, tc.pgxSees) {
+				t.Fatalf("seed %d %s: pgx saw %q, want %q", seed, tc.name, got, tc.pgxSees)
+			}
+			if !in.Done() || !in.Chained() {
+				t.Fatalf("seed %d %s: injection not done/chained", seed, tc.name)
+			}
+			row, _ := in.Row()
+			if tc.wantRow != "" && (len(row) != 1 || row[0] != tc.wantRow) {
+				t.Fatalf("seed %d %s: row %q", seed, tc.name, row)
+			}
+			var code string
+			if err := in.Err(); err != nil {
+				code = err.(interface{ SQLState() string }).SQLState()
+			}
+			if code != tc.wantCode {
+				t.Fatalf("seed %d %s: error code %q, want %q", seed, tc.name, code, tc.wantCode)
+			}
+		}
+	}
+	// In front of a simple Query: a Query of its own.
+	under := &chunked{rng: rand.New(rand.NewSource(1))}
+	c := Wrap(under)
+	in := &Injection{SQL: "WAIT FOR LSN '0/1'", Chain: true}
+	c.Prefix(in)
+	c.Write(encF(t, &pgproto3.Query{String: "begin"}))
+	if !bytes.HasPrefix(under.written.Bytes(), []byte("Q")) || in.Chained() {
+		t.Fatal("chained in front of a simple Query")
+	}
+}
