@@ -31,7 +31,10 @@ import (
 // held snapshot can delay replay of cleanup records); that is acceptable for
 // tests whose tables see no vacuum conflicts, and it keeps the protocol
 // shape (one statement, one row, answered before the next query) exactly
-// that of PostgreSQL 19.
+// that of PostgreSQL 19. Unlike WAIT FOR, the SELECT takes a snapshot: with
+// REPEATABLE READ as a session's default, a read chained behind it in one
+// implicit transaction would share it, so the emulation is for READ
+// COMMITTED sessions only.
 
 const waitForFunction = `CREATE OR REPLACE FUNCTION pgtest_wait_for(target pg_lsn, ms int) RETURNS TABLE(status text)
 LANGUAGE plpgsql AS $$
