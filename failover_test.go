@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/pgryw/pgryw/internal/pgfake"
+	"github.com/pgryw/pgryw/internal/pgtest"
 )
 
 // The probe backoff doubles from probeBackoffMin per failure in a row, up
@@ -160,69 +161,17 @@ func TestTimelineSwitch(t *testing.T) {
 	}
 }
 
-// toggleProxy stands in front of a fake server: while up it forwards each
-// connection; while down it takes each connection and closes it at once
-// (the server refuses to talk).
-type toggleProxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	down  bool
-	conns []net.Conn // forwarded connections, both sides
-}
-
-func startToggleProxy(t *testing.T, target string) *toggleProxy {
+// startToggleProxy starts a pgtest.SwitchProxy in front of a fake server, closed
+// with the test: down (SetTarget("")) it takes each connection and closes it
+// at once, as a server that refuses to talk.
+func startToggleProxy(t *testing.T, target string) *pgtest.SwitchProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := pgtest.StartSwitchProxy(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &toggleProxy{ln: ln, target: target}
-	go p.serve()
-	t.Cleanup(func() {
-		ln.Close()
-		p.setDown(true)
-	})
+	t.Cleanup(func() { p.Close() })
 	return p
-}
-
-func (p *toggleProxy) serve() {
-	for {
-		nc, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.down {
-			p.mu.Unlock()
-			nc.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			nc.Close()
-			continue
-		}
-		p.conns = append(p.conns, nc, up)
-		p.mu.Unlock()
-		go func() { io.Copy(up, nc); up.Close() }()
-		go func() { io.Copy(nc, up); nc.Close() }()
-	}
-}
-
-// setDown switches the proxy; going down ends every forwarded connection.
-func (p *toggleProxy) setDown(down bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = down
-	if down {
-		for _, c := range p.conns {
-			c.Close()
-		}
-		p.conns = nil
-	}
 }
 
 // fakeNodes starts a fake writer and a fake standby answering "writer" and
@@ -275,7 +224,7 @@ func TestDownReplicaBackoff(t *testing.T) {
 			writer, replica := fakeNodes(t)
 			proxy := startToggleProxy(t, replica.Addr())
 			cfg, err := ParseDSN(fmt.Sprintf("host=%s port=%d user=app password=hunter2 dbname=app sslmode=disable connect_timeout=2 replicas=%s %s",
-				writer.Host(), writer.Port(), proxy.ln.Addr(), extra))
+				writer.Host(), writer.Port(), proxy.Addr(), extra))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -335,7 +284,7 @@ func TestDownReplicaBackoff(t *testing.T) {
 			mu.Lock()
 			down = true
 			mu.Unlock()
-			proxy.setDown(true)
+			proxy.SetTarget("")
 			start := time.Now()
 			for time.Since(start) < 2500*time.Millisecond {
 				if v := read(); v != "writer" {
@@ -365,7 +314,7 @@ func TestDownReplicaBackoff(t *testing.T) {
 			}
 			t.Logf("%d probes while down, at %v", len(got), at)
 
-			proxy.setDown(false)
+			proxy.SetTarget(replica.Addr())
 			back := time.Now()
 			for read() != "replica" {
 				if time.Since(back) > probeBackoffMax+5*time.Second {
@@ -388,7 +337,7 @@ func TestDownReplicaBackoff(t *testing.T) {
 
 			// The monitor logged the node leaving reads and coming back,
 			// naming it and never the password.
-			addr := proxy.ln.Addr().String()
+			addr := proxy.Addr()
 			var sawDown, sawBack bool
 			for _, r := range logs.all() {
 				if strings.Contains(r.text, "hunter2") {

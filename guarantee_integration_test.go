@@ -11,7 +11,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os/exec"
 	"strconv"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/pgtest"
 )
 
 // rowQuerier is what *sql.DB, *sql.Conn and *sql.Tx share for one row.
@@ -296,17 +296,7 @@ func TestIntegrationMonotonicAcrossNodes(t *testing.T) {
 func TestIntegrationMonotonicOneReplicaAddress(t *testing.T) {
 	table := newTable(t)
 	ctx := context.Background()
-	if err := cluster.PauseReplay(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := cluster.ResumeReplay(ctx, 1); err != nil {
-			t.Error(err)
-		}
-		if err := cluster.WaitCaughtUp(ctx); err != nil {
-			t.Error(err)
-		}
-	}()
+	pauseReplicas(t, 1)
 	pc, err := pgx.Connect(ctx, cluster.WriterDSN())
 	if err != nil {
 		t.Fatal(err)
@@ -318,8 +308,12 @@ func TestIntegrationMonotonicOneReplicaAddress(t *testing.T) {
 	waitReplicaCount(t, 0, table, 5)
 	for _, mode := range []string{"on", "off"} {
 		t.Run("read_your_writes="+mode, func(t *testing.T) {
-			p := startSwitchProxy(t, cluster.ReplicaAddrs()[0])
-			db, _ := openDSN(t, cluster.WriterDSN()+"&replicas="+p.addr()+"&session_scope=conn&wait_timeout=50ms&read_your_writes="+mode)
+			p, err := pgtest.StartSwitchProxy(cluster.ReplicaAddrs()[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			db, _ := openDSN(t, cluster.WriterDSN()+"&replicas="+p.Addr()+"&session_scope=conn&wait_timeout=50ms&read_your_writes="+mode)
 			conn := oneConn(t, db)
 			var on pgryw.Role
 			served := pgryw.WithServedBy(ctx, func(_ context.Context, s pgryw.ServedBy) { on = s.Role })
@@ -327,7 +321,7 @@ func TestIntegrationMonotonicOneReplicaAddress(t *testing.T) {
 			if on != pgryw.RoleReplica || seen < 5 {
 				t.Fatalf("first read: %d rows on %v, want 5 on the replica", seen, on)
 			}
-			p.retarget(cluster.ReplicaAddrs()[1])
+			p.SetTarget(cluster.ReplicaAddrs()[1])
 			// While conn is idle, the monitor sees the replica go and come
 			// back: conn's next replica read is on a new server connection,
 			// with no failed read (and no primary read) in between.
@@ -348,60 +342,6 @@ func TestIntegrationMonotonicOneReplicaAddress(t *testing.T) {
 			}
 		})
 	}
-}
-
-// switchProxy forwards connections to a target that can be changed;
-// changing it ends the connections forwarded so far.
-type switchProxy struct {
-	ln     net.Listener
-	mu     sync.Mutex
-	target string
-	conns  []net.Conn
-}
-
-func startSwitchProxy(t *testing.T, target string) *switchProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &switchProxy{ln: ln, target: target}
-	go func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			up, err := net.Dial("tcp", p.target)
-			if err != nil {
-				p.mu.Unlock()
-				nc.Close()
-				continue
-			}
-			p.conns = append(p.conns, nc, up)
-			p.mu.Unlock()
-			go func() { io.Copy(up, nc); up.Close() }()
-			go func() { io.Copy(nc, up); nc.Close() }()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		p.retarget("")
-	})
-	return p
-}
-
-func (p *switchProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *switchProxy) retarget(target string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.target = target
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
 }
 
 // Class 4: with session_scope=db, reads do not raise the pool's watermark:

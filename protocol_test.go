@@ -521,18 +521,9 @@ func TestProtocolTwoReplicasTrailingPoll(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { second.Close() })
-	cfg, err := pgryw.ParseDSN(fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 replicas=%s,%s",
+	db, _ := openDSN(t, fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 replicas=%s,%s",
 		pc.writer.Host(), pc.writer.Port(), pc.replica.Addr(), second.Addr()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := pgryw.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := sql.OpenDB(c)
 	db.SetMaxOpenConns(1)
-	t.Cleanup(func() { db.Close() })
 	for i := 0; i < 4; i++ {
 		var v string
 		if err := db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "old" {
