@@ -179,12 +179,24 @@ func TestAdjustInsertLSN(t *testing.T) {
 }
 
 func TestParseCapture(t *testing.T) {
-	p, err := parseCapture([]string{"0/3002018", "8192", "000000020000000000000003"})
+	b := &backend{}
+	if _, err := b.parseCapture([]string{"0/3002018"}); err == nil {
+		t.Fatal("a position alone was read before the block size was known")
+	}
+	p, err := b.parseCapture([]string{"0/3002018", "8192", "000000020000000000000003"})
 	if err != nil || p != (primaryPos{lsn: 0x3002000, tli: 2}) {
 		t.Fatalf("parseCapture = %+v, %v", p, err)
 	}
+	// Then the position alone, with the block size and timeline kept.
+	p, err = b.parseCapture([]string{"0/3004018"})
+	if err != nil || p != (primaryPos{lsn: 0x3004000, tli: 2}) {
+		t.Fatalf("parseCapture of the position alone = %+v, %v", p, err)
+	}
+	if name, _ := b.captureStmt(); name != stmtCaptureLSN {
+		t.Fatalf("capture statement %s once the block size is known", name)
+	}
 	for _, row := range [][]string{
-		{"0/3000100"},
+		{"nope"},
 		{"0/3000100", "8192"},
 		{"0/3000100", "8192", "x"},
 		{"nope", "8192", "000000010000000000000003"},
@@ -196,7 +208,7 @@ func TestParseCapture(t *testing.T) {
 		{"0/3000100", "8192", "0000000a0000000000000003"}, // lower case
 		{"0/3000100", "8192", "+00000010000000000000003"},
 	} {
-		if _, err := parseCapture(row); err == nil {
+		if _, err := b.parseCapture(row); err == nil {
 			t.Errorf("parseCapture(%q) accepted", row)
 		}
 	}

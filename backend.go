@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -28,6 +29,14 @@ type backend struct {
 	reset wire.Injection // reset_session's reset, riding in front of a statement
 
 	applied applied // the settings a replica connection's session was given
+
+	// The primary's wal_block_size and timeline, from the connection's
+	// first capture (0: not yet). Neither changes while a connection to a
+	// primary lives (a primary is never promoted again; a standby's
+	// captures fail until it is), so later captures read the position
+	// alone (captureStmt). Set by whichever goroutine applies the answer.
+	walBlock atomic.Uint64
+	walTLI   atomic.Uint32
 
 	// Names of pgryw's statements prepared on this connection, and the
 	// generation of their server-side names (see forgetPrepared).
@@ -217,6 +226,7 @@ func (b *backend) close() error { return b.conn.Close() }
 type slot struct {
 	inj  wire.Injection
 	msgs []byte
+	name string // the prepared statement's base name
 }
 
 // injectPrepared readies a ride-along statement in s as an extended-protocol
@@ -241,8 +251,30 @@ func (b *backend) injectPrepared(s *slot, name, sql string, params ...[]byte) *w
 	buf, _ = (&pgproto3.Execute{}).Encode(buf)
 	buf, _ = (&pgproto3.Sync{}).Encode(buf)
 	s.msgs = buf
+	s.name = base
 	s.inj.ResetMessages(buf)
 	return &s.inj
+}
+
+// slotName returns the base name of the prepared statement inj, armed in
+// one of b's slots, executes.
+func (b *backend) slotName(inj *wire.Injection) string {
+	for _, s := range []*slot{&b.pre, &b.post, &b.post2, &b.state} {
+		if inj == &s.inj {
+			return s.name
+		}
+	}
+	return ""
+}
+
+// captureStmt returns the capture to ride behind a statement on this
+// primary connection: the full one until its wal_block_size and timeline
+// are known, then the position alone.
+func (b *backend) captureStmt() (name, sql string) {
+	if b.walBlock.Load() != 0 {
+		return stmtCaptureLSN, sqlCaptureLSN
+	}
+	return stmtCapture, sqlCapture
 }
 
 // forgetPrepared is for a statement that may deallocate prepared

@@ -93,7 +93,8 @@ func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, 
 			if p := cn.pending; p != nil && p.inj == &w.post.inj {
 				slot = &w.post2 // the pending capture's answer is still to come
 			}
-			ws.inj = w.injectPrepared(slot, stmtCapture, sqlCapture)
+			name, sql := w.captureStmt()
+			ws.inj = w.injectPrepared(slot, name, sql)
 			w.wire.AppendAfterExec(ws.inj)
 		}
 	}
@@ -213,9 +214,9 @@ func (cn *Conn) settleCapture(ctx context.Context, b *backend, inj *wire.Injecti
 	if !cn.await(ctx, b, inj) {
 		return primaryPos{}, false
 	}
-	p, ok, err := cn.c.captured(inj)
+	p, ok, err := cn.c.captured(b, inj)
 	if err != nil {
-		b.injectionFailed(stmtCapture, err)
+		b.injectionFailed(b.slotName(inj), err)
 	}
 	return p, ok
 }
@@ -223,16 +224,16 @@ func (cn *Conn) settleCapture(ctx context.Context, b *backend, inj *wire.Injecti
 // captured reads the answer to a capture that has arrived and counts it:
 // the position, or the server's error for it (nil when the answer just did
 // not parse).
-func (c *Connector) captured(inj *wire.Injection) (primaryPos, bool, error) {
+func (c *Connector) captured(b *backend, inj *wire.Injection) (primaryPos, bool, error) {
 	if err := inj.Err(); err != nil {
 		c.stats.captureFailures.Add(1)
 		return primaryPos{}, false, err
 	}
 	row, null := inj.Row()
-	if len(row) != 3 || null[0] {
+	if len(row) == 0 || null[0] {
 		return primaryPos{}, false, nil
 	}
-	p, err := parseCapture(row)
+	p, err := b.parseCapture(row)
 	if err != nil {
 		return primaryPos{}, false, nil
 	}

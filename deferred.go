@@ -247,7 +247,7 @@ func (cn *Conn) applyPending(p *pendingCapture) {
 		// forgetPrepared before DEALLOCATE and DISCARD ALL, and nothing
 		// here touches the connection, which another goroutine may be
 		// using.
-		pos, ok, _ = cn.c.captured(p.inj)
+		pos, ok, _ = cn.c.captured(p.b, p.inj)
 	}
 	switch {
 	case ok && p.wrote:

@@ -193,6 +193,8 @@ func fakeNodes(t *testing.T) (writer, replica *pgfake.Server) {
 				case sqlCapture:
 					return pgfake.Result{Cols: []pgfake.Column{{Name: "l", OID: 3220}, {Name: "b", OID: 25}, {Name: "f", OID: 25}},
 						Rows: [][][]byte{pgfake.Row("0/3000000", "8192", "000000010000000000000003")}}
+				case sqlCaptureLSN:
+					return pgfake.Result{Cols: []pgfake.Column{{Name: "l", OID: 3220}}, Rows: [][][]byte{pgfake.Row("0/3000000")}}
 				}
 				return pgfake.Result{Err: pgfake.Error("42601", "unexpected "+q.SQL)}
 			})

@@ -43,6 +43,7 @@ const (
 	protoReadWriter = "SELECT v FROM t WHERE id = $1 /* pgryw:primary */"
 	protoCapture    = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn())"
 	protoPoll       = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
+	protoCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
 
 	protoStart   = "0/2000000"  // the replica's replay position before the write
 	protoLSN     = "0/3000100"  // the writer's position after the write
@@ -94,7 +95,7 @@ func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 			return nil
 		}
 	}
-	if w.holdCapture && executes(c, b, protoCapture) {
+	if w.holdCapture && (executes(c, b, protoCapture) || executes(c, b, protoCaptureLSN)) {
 		out := w.answer(c, b)
 		for i, m := range out {
 			if _, ok := m.(*pgproto3.ReadyForQuery); ok && i < len(out)-1 {
@@ -114,6 +115,11 @@ func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 func (w *protoWriter) answer(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
 	return c.Answer(b, func(q pgfake.Query) pgfake.Result {
 		switch q.SQL {
+		case protoCaptureLSN:
+			return pgfake.Result{
+				Cols: []pgfake.Column{{Name: "pg_current_wal_insert_lsn", OID: 3220}},
+				Rows: [][][]byte{pgfake.Row(w.lsn)},
+			}
 		case protoCapture:
 			return pgfake.Result{
 				Cols: []pgfake.Column{{Name: "pg_current_wal_insert_lsn", OID: 3220}, {Name: "current_setting", OID: 25}, {Name: "pg_walfile_name", OID: 25}},
@@ -353,8 +359,11 @@ func mentionsPgryw(f flush) bool {
 var (
 	captureFirst = pgfake.Encode(&pgproto3.Parse{Name: "pgryw_capture", Query: protoCapture},
 		&pgproto3.Bind{PreparedStatement: "pgryw_capture"}, &pgproto3.Execute{}, &pgproto3.Sync{})
-	captureAgain = pgfake.Encode(&pgproto3.Bind{PreparedStatement: "pgryw_capture"}, &pgproto3.Execute{}, &pgproto3.Sync{})
-	pollFirst    = pgfake.Encode(&pgproto3.Parse{Name: "pgryw_poll", Query: protoPoll},
+	// Once the connection knows the block size and timeline: the position
+	// alone, prepared on the second capture.
+	captureLSNFirst = pgfake.Encode(&pgproto3.Parse{Name: "pgryw_lsn", Query: protoCaptureLSN},
+		&pgproto3.Bind{PreparedStatement: "pgryw_lsn"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	pollFirst = pgfake.Encode(&pgproto3.Parse{Name: "pgryw_poll", Query: protoPoll},
 		&pgproto3.Bind{PreparedStatement: "pgryw_poll"}, &pgproto3.Execute{}, &pgproto3.Sync{})
 )
 
@@ -362,7 +371,8 @@ var (
 	insertExec = []string{"Bind " + protoInsert, "Describe P", "Execute", "Sync"}
 	readExec   = []string{"Bind " + protoRead, "Execute", "Sync"}
 	capFirst   = []string{"Parse pgryw_capture", "Bind pgryw_capture", "Execute", "Sync"}
-	capAgain   = []string{"Bind pgryw_capture", "Execute", "Sync"}
+	capLSN1    = []string{"Parse pgryw_lsn", "Bind pgryw_lsn", "Execute", "Sync"}
+	capLSN     = []string{"Bind pgryw_lsn", "Execute", "Sync"}
 	pollMsgs   = []string{"Bind pgryw_poll", "Execute", "Sync"}
 	parsePoll  = []string{"Parse pgryw_poll"}
 )
@@ -375,7 +385,7 @@ func cat(parts ...[]string) []string { return slices.Concat(parts...) }
 // caller gets the INSERT's own result.
 func TestProtocolAutocommitWriteCarriesCapture(t *testing.T) {
 	pc := newProtoCluster(t, "15.4", "")
-	for i, wantCapture := range [][]byte{captureFirst, captureAgain} {
+	for i, wantCapture := range [][]byte{captureFirst, captureLSNFirst} {
 		res, err := pc.db.Exec(protoInsert, 1)
 		if err != nil {
 			t.Fatalf("write %d: %v", i, err)
@@ -390,7 +400,7 @@ func TestProtocolAutocommitWriteCarriesCapture(t *testing.T) {
 		f := fs[i]
 		wantMsgs := cat(insertExec, capFirst)
 		if i > 0 {
-			wantMsgs = cat(insertExec, capAgain)
+			wantMsgs = cat(insertExec, capLSN1)
 		}
 		if !reflect.DeepEqual(f.msgs, wantMsgs) {
 			t.Fatalf("write %d: one flush carried\n %q\nwant\n %q", i, f.msgs, wantMsgs)
@@ -416,7 +426,7 @@ func TestProtocolAutocommitWriteCarriesCapture(t *testing.T) {
 	want := [][]string{
 		{"Parse " + protoInsert, "Describe S " + protoInsert, "Sync"},
 		cat(insertExec, capFirst),
-		cat(insertExec, capAgain),
+		cat(insertExec, capLSN1),
 	}
 	var got [][]string
 	for _, f := range all {
@@ -959,7 +969,7 @@ func TestProtocolExecBeginDefersCapture(t *testing.T) {
 		}
 	}
 	fs := flushes(pc.writer, true)[n:]
-	if len(fs) != 3 || mentionsPgryw(fs[0]) || mentionsPgryw(fs[1]) || !reflect.DeepEqual(fs[2].msgs, cat([]string{"Query COMMIT"}, capAgain)) {
+	if len(fs) != 3 || mentionsPgryw(fs[0]) || mentionsPgryw(fs[1]) || !reflect.DeepEqual(fs[2].msgs, cat([]string{"Query COMMIT"}, capLSN1)) {
 		t.Fatalf("read-only block: flushes %v", fs)
 	}
 	if got := pgryw.PoolWatermark(pc.c); got != protoLSNText {
@@ -1023,7 +1033,7 @@ func TestProtocolTransactions(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs = flushes(pc.writer, true)[6:]
-	if len(fs) != 3 || mentionsPgryw(fs[0]) || mentionsPgryw(fs[1]) || !reflect.DeepEqual(fs[2].msgs, cat([]string{"Query rollback"}, capAgain)) {
+	if len(fs) != 3 || mentionsPgryw(fs[0]) || mentionsPgryw(fs[1]) || !reflect.DeepEqual(fs[2].msgs, cat([]string{"Query rollback"}, capLSN1)) {
 		t.Fatalf("rolled-back transaction: flushes %v", fs)
 	}
 	if got := pgryw.PoolWatermark(pc.c); got != protoLSNText {

@@ -29,6 +29,8 @@ const (
 	// its last replay position, so the position alone cannot tell promotion
 	// from lag.
 	sqlPoll = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
+	// sqlCaptureLSN is sqlCapture's position alone.
+	sqlCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
 )
 
 // waitForSQL builds the PostgreSQL 19 wait. WAIT FOR is a utility statement
@@ -66,27 +68,49 @@ func capture(ctx context.Context, b *backend) (primaryPos, error) {
 	if err != nil {
 		return primaryPos{}, err
 	}
-	return parseCapture(row)
+	return b.parseCapture(row)
 }
 
-// parseCapture reads sqlCapture's row.
-func parseCapture(row []string) (primaryPos, error) {
+// parseCapture reads a capture's row on b: sqlCapture's, whose block size
+// and timeline b keeps, or sqlCaptureLSN's, which needs them kept.
+func (b *backend) parseCapture(row []string) (primaryPos, error) {
+	if len(row) == 1 {
+		bs, tli := b.walBlock.Load(), b.walTLI.Load()
+		if bs == 0 {
+			return primaryPos{}, errors.New("pgryw: a position without the primary's wal_block_size")
+		}
+		l, err := lsn.Parse(row[0])
+		if err != nil {
+			return primaryPos{}, fmt.Errorf("pgryw: primary returned an unreadable WAL position: %w", err)
+		}
+		return primaryPos{lsn: adjustInsertLSN(l, bs), tli: tli}, nil
+	}
+	p, bs, err := parseCapture(row)
+	if err == nil {
+		b.walTLI.Store(p.tli)
+		b.walBlock.Store(bs)
+	}
+	return p, err
+}
+
+// parseCapture reads sqlCapture's row, and the block size it carries.
+func parseCapture(row []string) (primaryPos, uint64, error) {
 	if len(row) != 3 {
-		return primaryPos{}, fmt.Errorf("pgryw: primary position query returned %d columns", len(row))
+		return primaryPos{}, 0, fmt.Errorf("pgryw: primary position query returned %d columns", len(row))
 	}
 	l, err := lsn.Parse(row[0])
 	if err != nil {
-		return primaryPos{}, fmt.Errorf("pgryw: primary returned an unreadable WAL position: %w", err)
+		return primaryPos{}, 0, fmt.Errorf("pgryw: primary returned an unreadable WAL position: %w", err)
 	}
 	bs, err := strconv.ParseUint(row[1], 10, 32)
 	if err != nil || bs == 0 {
-		return primaryPos{}, fmt.Errorf("pgryw: primary returned an unreadable wal_block_size %q", clip(row[1]))
+		return primaryPos{}, 0, fmt.Errorf("pgryw: primary returned an unreadable wal_block_size %q", clip(row[1]))
 	}
 	tli, ok := walFileTimeline(row[2])
 	if !ok {
-		return primaryPos{}, fmt.Errorf("pgryw: primary returned an unreadable WAL file name %q", clip(row[2]))
+		return primaryPos{}, 0, fmt.Errorf("pgryw: primary returned an unreadable WAL file name %q", clip(row[2]))
 	}
-	return primaryPos{lsn: adjustInsertLSN(l, bs), tli: tli}, nil
+	return primaryPos{lsn: adjustInsertLSN(l, bs), tli: tli}, bs, nil
 }
 
 // walFileTimeline reads the timeline from a WAL file name: its first eight
@@ -232,7 +256,10 @@ func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn
 // Names of pgryw's prepared statements on server connections.
 const (
 	stmtCapture = "pgryw_capture"
-	stmtPoll    = "pgryw_poll"
+	// stmtCaptureLSN is the capture once the connection knows the
+	// primary's block size and timeline (backend.captureStmt).
+	stmtCaptureLSN = "pgryw_lsn"
+	stmtPoll       = "pgryw_poll"
 )
 
 // armCheck puts a replica's catch-up check in front of the read about to be
