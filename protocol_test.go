@@ -372,7 +372,6 @@ var (
 	readExec   = []string{"Bind " + protoRead, "Execute", "Sync"}
 	capFirst   = []string{"Parse pgryw_capture", "Bind pgryw_capture", "Execute", "Sync"}
 	capLSN1    = []string{"Parse pgryw_lsn", "Bind pgryw_lsn", "Execute", "Sync"}
-	capLSN     = []string{"Bind pgryw_lsn", "Execute", "Sync"}
 	pollMsgs   = []string{"Bind pgryw_poll", "Execute", "Sync"}
 	parsePoll  = []string{"Parse pgryw_poll"}
 )
