@@ -341,6 +341,25 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		if spec != nil && cn.pending != spec {
 			spec = nil // settled meanwhile: wm is whole
 		}
+		if spec != nil && !stale && cn.c.methodFor(b) != WaitPoll {
+			// A server that waits does better with the position in
+			// hand, which is due within microseconds, than with a poll
+			// that, finding the replica behind, costs a second round
+			// trip before the wait (measured on PostgreSQL 19: p50
+			// 1.07x the spin floor this way, 1.09x with the poll).
+			spec = nil
+			if err := cn.settlePending(ctx, true); err != nil {
+				return false, nil, err // the context ended
+			}
+			if wm, err = cn.watermark(ctx); err != nil {
+				if ctx.Err() != nil {
+					return false, nil, ctx.Err()
+				}
+				cn.skip(nil, FallbackPositionLost)
+				return cn.toPrimary(), nil, nil
+			}
+			check = wm > 0 && b.node.knownReplay() < wm
+		}
 		a := &attempt{ctx: ctx, cn: cn, b: b, run: run, trail: trail}
 		res, chkErr := waitOK, error(nil)
 		switch {
@@ -484,18 +503,18 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 // front of it, whatever the server), and waitBusy if that finds the
 // replica behind.
 //
-// With spec, the connection's own capture behind its last write was still
-// on its way when the read began, and *wm does not count it: the first try
-// carries a poll whatever the server (it needs no position), *wm is made
-// whole once the read's answer is in, and the poll's answer is compared
-// with that. A replica found behind is then waited for as usual.
+// With spec (polling only), the connection's own capture behind its last
+// write was still on its way when the read began, and *wm does not count
+// it: the poll needs no position, *wm is made whole once the read's answer
+// is in, and the poll's answer is compared with that. A replica found
+// behind is then waited for as usual.
 func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, spec *pendingCapture) (waitResult, error) {
 	b := a.b
 	budget := cn.c.budget(ctx)
 	method := cn.c.methodFor(b)
 	serverWaits := method != WaitPoll
 	held, over := false, false
-	if serverWaits && spec == nil {
+	if serverWaits {
 		held = cn.c.enterWait(b.node)
 		over = !held
 		if over {
@@ -510,11 +529,7 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, spec *pe
 	deadline := time.Now().Add(budget)
 	for i := 0; ; i++ {
 		if i < pipelinedAttempts || serverWaits {
-			m := method
-			if spec != nil {
-				m = WaitPoll
-			}
-			inj := cn.c.armCheck(b, m, *wm, max(time.Until(deadline), time.Millisecond))
+			inj := cn.c.armCheck(b, method, *wm, max(time.Until(deadline), time.Millisecond))
 			notices := b.wire.Notices()
 			a.read()
 			if spec != nil {
@@ -531,22 +546,12 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, spec *pe
 			if a.unset {
 				return waitOK, nil
 			}
-			res, err := cn.c.checked(b, m, inj, *wm)
-			if err == nil && res == waitOK && m == WaitPolar {
+			res, err := cn.c.checked(b, method, inj, *wm)
+			if err == nil && res == waitOK && method == WaitPolar {
 				res = cn.c.polarOutcome(b, a, *wm, notices)
 			}
 			if err != nil || res != waitBehind {
 				return res, err
-			}
-			if m != method {
-				// A server that waits does the waiting from here on,
-				// with one of max_waits' places.
-				a.drop()
-				if held = cn.c.enterWait(b.node); !held {
-					return waitBusy, nil
-				}
-				cn.obs.waited = true
-				continue
 			}
 		} else {
 			res, err := cn.c.pollOnce(ctx, b, *wm)
