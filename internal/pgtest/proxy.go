@@ -7,14 +7,14 @@ import (
 	"sync"
 )
 
-// proxy is the loopback TCP plumbing shared by the test proxies in front of
-// a standby (WaitForProxy, PolarProxy): it accepts clients, dials the
+// proxy is the loopback TCP plumbing shared by the test proxies
+// (WaitForProxy, PolarProxy, SwitchProxy): it accepts clients, dials the
 // target for each, runs the two directions, and closes everything on Close.
 type proxy struct {
 	ln     net.Listener
-	target string
 	wg     sync.WaitGroup
 	mu     sync.Mutex
+	target string // "": clients are closed at once
 	conns  map[net.Conn]bool
 }
 
@@ -48,6 +48,17 @@ func (p *proxy) Close() error {
 	return err
 }
 
+// retarget sends new clients to target ("": closes them at once) and ends
+// the connections forwarded so far.
+func (p *proxy) retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
 func (p *proxy) track(c net.Conn, on bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -65,7 +76,14 @@ func (p *proxy) accept(handle func(client, server net.Conn) (frontend, backend f
 		if err != nil {
 			return
 		}
-		server, err := net.Dial("tcp", p.target)
+		p.mu.Lock()
+		target := p.target
+		p.mu.Unlock()
+		if target == "" {
+			client.Close()
+			continue
+		}
+		server, err := net.Dial("tcp", target)
 		if err != nil {
 			client.Close()
 			continue
