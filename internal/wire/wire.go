@@ -46,10 +46,10 @@ type Injection struct {
 	// server flush as pgx's, whose Sync ends the implicit transaction both
 	// run in. An error of the injection's makes the server skip pgx's
 	// messages up to their Sync: pgx is then given the ErrorResponse as
-	// its own (see Chained).
+	// its own.
 	Chain bool
 
-	chained bool
+	chained bool // it went out so (set when sent)
 
 	sent bool
 	done bool
@@ -96,12 +96,6 @@ func (in *Injection) Err() error {
 		return in.err
 	}
 	return nil
-}
-
-// Chained reports whether in went out without a Sync of its own (Chain).
-func (in *Injection) Chained() bool {
-	defer in.lock()()
-	return in.chained
 }
 
 // Reset readies in for reuse with a new SQL text.
@@ -215,13 +209,13 @@ func (c *Conn) Write(b []byte) (int, error) {
 // injections around it, and how many bytes of ours lead. It records the
 // answers to expect. Call it with c.mu held.
 func (c *Conn) splice(b []byte) (buf []byte, lead int) {
-	syncs, exec, ok := scanFrontend(b)
+	syncs, simple, exec, ok := scanFrontend(b)
 	if !ok {
 		c.disarm()
 		return b, 0
 	}
 	buf = c.wbuf[:0]
-	extended := len(b) > 0 && (b[0] == 'P' || b[0] == 'B') && syncs > 0 && !hasQuery(b)
+	extended := len(b) > 0 && (b[0] == 'P' || b[0] == 'B') && syncs > 0 && !simple
 	for i, in := range c.prefix {
 		in.chained = in.Chain && in.Msgs == nil && extended && i == len(c.prefix)-1
 		buf = in.appendTo(buf)
@@ -302,43 +296,35 @@ func (c *Conn) trimQueue() {
 }
 
 // scanFrontend walks pgx's messages: how many end in a ReadyForQuery (Sync,
-// Query, FunctionCall) and whether any executes a statement.
-func scanFrontend(b []byte) (syncs int, exec bool, ok bool) {
+// Query, FunctionCall), whether any is a Query or FunctionCall (simple: a
+// chained injection would share its transaction), and whether any executes
+// a statement.
+func scanFrontend(b []byte) (syncs int, simple, exec, ok bool) {
 	for i := 0; i < len(b); {
 		if len(b)-i < 5 {
-			return 0, false, false
+			return 0, false, false, false
 		}
 		t := b[i]
 		n32 := binary.BigEndian.Uint32(b[i+1 : i+5])
 		if n32 < 4 || uint64(n32) > uint64(len(b)-i-1) {
-			return 0, false, false
+			return 0, false, false, false
 		}
 		n := int(n32) // fits: at most len(b)
 		switch t {
-		case 'S', 'F':
+		case 'S':
 			syncs++
+		case 'F':
+			syncs++
+			simple = true
 		case 'Q':
 			syncs++
-			exec = true
+			simple, exec = true, true
 		case 'E':
 			exec = true
 		}
 		i += 1 + n
 	}
-	return syncs, exec, true
-}
-
-// hasQuery reports whether pgx's (well-framed) write holds a simple Query
-// or a FunctionCall: a chained injection would share its transaction with
-// a simple Query's own.
-func hasQuery(b []byte) bool {
-	for i := 0; i+5 <= len(b); {
-		if b[i] == 'Q' || b[i] == 'F' {
-			return true
-		}
-		i += 1 + int(binary.BigEndian.Uint32(b[i+1:i+5]))
-	}
-	return false
+	return syncs, simple, exec, true
 }
 
 // appendChained appends sql as an unnamed Parse, Bind and Execute, with no

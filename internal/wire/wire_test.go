@@ -471,7 +471,7 @@ func TestChainedPrefix(t *testing.T) {
 			if !bytes.Equal(got, tc.pgxSees) {
 				t.Fatalf("seed %d %s: pgx saw %q, want %q", seed, tc.name, got, tc.pgxSees)
 			}
-			if !in.Done() || !in.Chained() {
+			if !in.Done() || !in.chained {
 				t.Fatalf("seed %d %s: injection not done/chained", seed, tc.name)
 			}
 			row, _ := in.Row()
@@ -493,7 +493,7 @@ func TestChainedPrefix(t *testing.T) {
 	in := &Injection{SQL: "WAIT FOR LSN '0/1'", Chain: true}
 	c.Prefix(in)
 	c.Write(encF(t, &pgproto3.Query{String: "begin"}))
-	if !bytes.HasPrefix(under.written.Bytes(), []byte("Q")) || in.Chained() {
+	if !bytes.HasPrefix(under.written.Bytes(), []byte("Q")) || in.chained {
 		t.Fatal("chained in front of a simple Query")
 	}
 }
