@@ -265,10 +265,10 @@ func (cn *Conn) fellBackFrom(n *node, why Fallback) {
 // read that had to wait (a WAIT FOR or PolarDB wait, or polling after a
 // failed check) counts as a wait of its node, and its duration goes into
 // the node's histogram and the statement's ServedBy.Wait.
-func (cn *Conn) checkedRead(ctx context.Context, a *attempt, wm *lsn.LSN, spec *pendingCapture) (waitResult, error) {
+func (cn *Conn) checkedRead(ctx context.Context, a *attempt, wm *lsn.LSN, partial bool) (waitResult, error) {
 	cn.obs.waited = false
 	start := time.Now()
-	res, err := cn.pipelined(ctx, a, wm, spec)
+	res, err := cn.pipelined(ctx, a, wm, partial)
 	c, n := cn.c, a.b.node
 	if res == waitTimeout && err == nil {
 		n.obs.waitTimeouts.Add(1)

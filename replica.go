@@ -304,11 +304,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 	}
 	wm, err := cn.watermarkBut(ctx, spec)
 	if err != nil {
-		if ctx.Err() != nil {
-			return false, nil, ctx.Err()
-		}
-		cn.skip(nil, FallbackPositionLost)
-		return cn.toPrimary(), nil, nil
+		return cn.positionLost(ctx)
 	}
 	var tried uint64
 	var busy *node // a replica passed over for max_waits
@@ -329,34 +325,22 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			cn.markLost(ctx, false)
 			spec = nil
 			if wm, err = cn.watermark(ctx); err != nil {
-				if ctx.Err() != nil {
-					return false, nil, ctx.Err()
-				}
-				cn.skip(nil, FallbackPositionLost)
-				return cn.toPrimary(), nil, nil
+				return cn.positionLost(ctx)
 			}
 			tried &^= 1 << uint(b.node.index%64)
 			continue
 		}
-		if spec != nil && cn.pending != spec {
-			spec = nil // settled meanwhile: wm is whole
-		}
-		if spec != nil && !stale && cn.c.methodFor(b) != WaitPoll {
-			// A server that waits does better with the position in
-			// hand, which is due within microseconds, than with a poll
-			// that, finding the replica behind, costs a second round
-			// trip before the wait (measured on PostgreSQL 19: p50
-			// 1.07x the spin floor this way, 1.09x with the poll).
+		if spec != nil && !stale && (cn.pending != spec || cn.c.methodFor(b) != WaitPoll) {
+			// The whole watermark before the read: the capture was
+			// settled meanwhile (wm does not count it), or the server
+			// waits, and does better with the position in hand, which
+			// is due within microseconds, than with a poll that,
+			// finding the replica behind, costs a second round trip
+			// before the wait (measured on PostgreSQL 19: p50 1.07x the
+			// spin floor this way, 1.09x with the poll).
 			spec = nil
-			if err := cn.settlePending(ctx, true); err != nil {
-				return false, nil, err // the context ended
-			}
 			if wm, err = cn.watermark(ctx); err != nil {
-				if ctx.Err() != nil {
-					return false, nil, ctx.Err()
-				}
-				cn.skip(nil, FallbackPositionLost)
-				return cn.toPrimary(), nil, nil
+				return cn.positionLost(ctx)
 			}
 			check = wm > 0 && b.node.knownReplay() < wm
 		}
@@ -364,7 +348,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		res, chkErr := waitOK, error(nil)
 		switch {
 		case check || spec != nil && !stale:
-			res, chkErr = cn.checkedRead(ctx, a, &wm, spec)
+			res, chkErr = cn.checkedRead(ctx, a, &wm, spec != nil)
 			spec = nil
 		default:
 			a.read()
@@ -375,8 +359,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 				return false, nil, ctx.Err()
 			}
 			if errors.Is(chkErr, errPositionLost) {
-				cn.skip(nil, FallbackPositionLost)
-				return cn.toPrimary(), nil, nil
+				return cn.positionLost(ctx)
 			}
 			if cerr := cn.c.configError(b, chkErr); cerr != nil {
 				return false, nil, cerr
@@ -503,12 +486,12 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 // front of it, whatever the server), and waitBusy if that finds the
 // replica behind.
 //
-// With spec (polling only), the connection's own capture behind its last
+// With partial (polling only), the connection's own capture behind its last
 // write was still on its way when the read began, and *wm does not count
 // it: the poll needs no position, *wm is made whole once the read's answer
 // is in, and the poll's answer is compared with that. A replica found
 // behind is then waited for as usual.
-func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, spec *pendingCapture) (waitResult, error) {
+func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial bool) (waitResult, error) {
 	b := a.b
 	budget := cn.c.budget(ctx)
 	method := cn.c.methodFor(b)
@@ -532,12 +515,9 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, spec *pe
 			inj := cn.c.armCheck(b, method, *wm, max(time.Until(deadline), time.Millisecond))
 			notices := b.wire.Notices()
 			a.read()
-			if spec != nil {
-				spec = nil
-				if err := cn.settlePending(ctx, true); err != nil {
-					return waitTimeout, fmt.Errorf("%w: %w", errPositionLost, err)
-				}
-				w, err := cn.watermark(ctx)
+			if partial {
+				partial = false
+				w, err := cn.watermark(ctx) // settles the capture first
 				if err != nil {
 					return waitTimeout, fmt.Errorf("%w: %w", errPositionLost, err)
 				}
@@ -583,6 +563,16 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, spec *pe
 			return waitTimeout, err
 		}
 	}
+}
+
+// positionLost is onReplica's answer when the watermark a read needs could
+// not be read: the context's end, or else the primary.
+func (cn *Conn) positionLost(ctx context.Context) (onPrimary bool, done func(), err error) {
+	if err := ctx.Err(); err != nil {
+		return false, nil, err
+	}
+	cn.skip(nil, FallbackPositionLost)
+	return cn.toPrimary(), nil, nil
 }
 
 // toPrimary counts a read sent to the primary instead of a replica.
