@@ -119,7 +119,7 @@ func (cn *Conn) commits(cls *sqlclass.Result) bool {
 // tracks Exec'd transaction blocks, and moves the watermarks.
 func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 	w := cn.primary
-	cn.applyArrived() // the last statement's capture came before this one's answer
+	cn.settlePending(context.Background(), false) // the last statement's capture came before this one's answer: no wait
 	if ws.reset != nil && ws.inj == nil && ws.state == nil {
 		w.wire.Disarm()
 	}

@@ -132,7 +132,8 @@ func (cn *Conn) deferCapture(ctx context.Context, ws *primaryStmt, err error, wr
 // the connection is used again: waiting for its answer when need is set
 // (the position is needed now), else only if the answer is in. An answer
 // still on its way is read by pgx's next read on the connection (the wire
-// layer takes it off), and applied after that statement (applyArrived).
+// layer takes it off), and applied after that statement (afterPrimary
+// calls settlePending without need).
 func (cn *Conn) settlePending(ctx context.Context, need bool) error {
 	p := cn.pending
 	if p == nil {
@@ -164,21 +165,6 @@ func (cn *Conn) inFlight() *pendingCapture {
 		return nil
 	}
 	return p
-}
-
-// applyArrived settles the pending capture once its answer is in, without
-// waiting: after a statement on the primary, whose answer came after it.
-func (cn *Conn) applyArrived() {
-	p := cn.pending
-	switch {
-	case p == nil:
-	case p.ready():
-		p.settle(context.Background())
-		cn.pending = nil
-	case cn.primary.closed():
-		p.abandon()
-		cn.pending = nil
-	}
 }
 
 // abandon gives p up: its answer will not come (the connection broke), so
