@@ -79,9 +79,9 @@ func (b *backend) parseCapture(row []string) (primaryPos, error) {
 		if bs == 0 {
 			return primaryPos{}, errors.New("pgryw: a position without the primary's wal_block_size")
 		}
-		l, err := lsn.Parse(row[0])
+		l, err := parseInsertLSN(row[0])
 		if err != nil {
-			return primaryPos{}, fmt.Errorf("pgryw: primary returned an unreadable WAL position: %w", err)
+			return primaryPos{}, err
 		}
 		return primaryPos{lsn: adjustInsertLSN(l, bs), tli: tli}, nil
 	}
@@ -98,9 +98,9 @@ func parseCapture(row []string) (primaryPos, uint64, error) {
 	if len(row) != 3 {
 		return primaryPos{}, 0, fmt.Errorf("pgryw: primary position query returned %d columns", len(row))
 	}
-	l, err := lsn.Parse(row[0])
+	l, err := parseInsertLSN(row[0])
 	if err != nil {
-		return primaryPos{}, 0, fmt.Errorf("pgryw: primary returned an unreadable WAL position: %w", err)
+		return primaryPos{}, 0, err
 	}
 	bs, err := strconv.ParseUint(row[1], 10, 32)
 	if err != nil || bs == 0 {
@@ -111,6 +111,15 @@ func parseCapture(row []string) (primaryPos, uint64, error) {
 		return primaryPos{}, 0, fmt.Errorf("pgryw: primary returned an unreadable WAL file name %q", clip(row[2]))
 	}
 	return primaryPos{lsn: adjustInsertLSN(l, bs), tli: tli}, bs, nil
+}
+
+// parseInsertLSN reads a capture's pg_current_wal_insert_lsn().
+func parseInsertLSN(s string) (lsn.LSN, error) {
+	l, err := lsn.Parse(s)
+	if err != nil {
+		return 0, fmt.Errorf("pgryw: primary returned an unreadable WAL position: %w", err)
+	}
+	return l, nil
 }
 
 // walFileTimeline reads the timeline from a WAL file name: its first eight
@@ -265,7 +274,8 @@ const (
 // armCheck puts a replica's catch-up check in front of the read about to be
 // sent on b, by method (methodFor's, or WaitPoll for a check that must not
 // wait): WAIT FOR LSN on PostgreSQL 19 and later (a utility statement with
-// literals, so a simple Query), else a replay position poll. Both are
+// literals: a simple Query, or chained without a Sync of its own in front
+// of an extended-protocol read), else a replay position poll. Both are
 // answered before the read runs, in the same round trip.
 func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget time.Duration) *wire.Injection {
 	inj := &b.pre.inj
