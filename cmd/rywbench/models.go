@@ -112,15 +112,7 @@ func newModel(kind string, e *env, cfg *config) *model {
 
 func (m *model) name() string { return m.kind }
 
-func (m *model) shape() shape {
-	switch m.kind {
-	case wireInsert, wireCapture:
-		return insertOnly
-	case wireRead, wireReadTrail:
-		return readOnly
-	}
-	return insertRead
-}
+func (m *model) shape() shape { return shapeOf(m.kind) }
 
 func (m *model) close() {
 	m.prim.close()

@@ -51,6 +51,17 @@ const (
 	readOnly                // read a row written before the run; no write
 )
 
+// shapeOf returns what one iteration of strategy kind does.
+func shapeOf(kind string) shape {
+	switch kind {
+	case plainWrite, pgrywWrite, wireInsert, wireCapture:
+		return insertOnly
+	case replicaRead, pgrywRead, wireRead, wireReadTrail:
+		return readOnly
+	}
+	return insertRead
+}
+
 // readOut is what a read returns: row id's value (NULL when the row is
 // missing), the port of the server that answered, and how many reads it
 // took (spin-floor and the polling models; 1 otherwise).
@@ -129,15 +140,7 @@ func preloadID(id int64) int64 { return 1 + int64(uint64(id)%preloadRows) }
 
 func (b *baseline) name() string { return b.kind }
 
-func (b *baseline) shape() shape {
-	switch b.kind {
-	case plainWrite:
-		return insertOnly
-	case replicaRead:
-		return readOnly
-	}
-	return insertRead
-}
+func (b *baseline) shape() shape { return shapeOf(b.kind) }
 
 func (b *baseline) insert(ctx context.Context, id, v int64) (time.Duration, error) {
 	_, err := b.p.primary.ExecContext(ctx, b.insertSQL, id, v)
@@ -301,15 +304,7 @@ func withParams(dsn string, kv [][2]string) string {
 
 func (s *pgrywStrategy) name() string { return s.kind }
 
-func (s *pgrywStrategy) shape() shape {
-	switch s.kind {
-	case pgrywWrite:
-		return insertOnly
-	case pgrywRead:
-		return readOnly
-	}
-	return insertRead
-}
+func (s *pgrywStrategy) shape() shape { return shapeOf(s.kind) }
 
 func (s *pgrywStrategy) insert(ctx context.Context, id, v int64) (time.Duration, error) {
 	if s.kind == pgrywSession {
