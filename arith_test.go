@@ -5,6 +5,7 @@ package pgryw
 // insert-position page boundary, and the parsers of pgryw's own answers.
 
 import (
+	"bytes"
 	"testing"
 	"time"
 
@@ -179,11 +180,15 @@ func TestAdjustInsertLSN(t *testing.T) {
 }
 
 func TestParseCapture(t *testing.T) {
-	b := &backend{}
+	b := &backend{node: &node{index: -1}}
+	var s slot
+	if b.injectCapture(&s); s.name != stmtCapture {
+		t.Fatalf("first capture %s, want the whole %s", s.name, stmtCapture)
+	}
 	if _, err := b.parseCapture([]string{"0/3002018"}); err == nil {
 		t.Fatal("a position alone was read before the block size was known")
 	}
-	p, err := b.parseCapture([]string{"0/3002018", "8192", "000000020000000000000003"})
+	p, err := b.parseCapture([]string{"0/3002018", "8192", "000000020000000000000003", ""})
 	if err != nil || p != (primaryPos{lsn: 0x3002000, tli: 2}) {
 		t.Fatalf("parseCapture = %+v, %v", p, err)
 	}
@@ -192,21 +197,37 @@ func TestParseCapture(t *testing.T) {
 	if err != nil || p != (primaryPos{lsn: 0x3004000, tli: 2}) {
 		t.Fatalf("parseCapture of the position alone = %+v, %v", p, err)
 	}
-	if name, _ := b.captureStmt(); name != stmtCaptureLSN {
-		t.Fatalf("capture statement %s once the block size is known", name)
+	// No function OID (NULL): the prepared statement.
+	if b.injectCapture(&s); s.name != stmtCaptureLSN {
+		t.Fatalf("capture %s once the block size is known, with no function OID", s.name)
+	}
+	// With one: the fast path, until it fails.
+	if _, err := b.parseCapture([]string{"0/3002018", "8192", "000000020000000000000003", "2852"}); err != nil {
+		t.Fatal(err)
+	}
+	inj := b.injectCapture(&s)
+	if s.name != stmtCaptureFast || !inj.FunctionCall() || !bytes.Equal(s.msgs, []byte{'F', 0, 0, 0, 14, 0, 0, 0x0b, 0x24, 0, 0, 0, 0, 0, 0}) {
+		t.Fatalf("capture %s %q, want a FunctionCall of OID 2852", s.name, s.msgs)
+	}
+	b.captureAnswered(inj, true)
+	if b.injectCapture(&s); s.name != stmtCaptureLSN {
+		t.Fatalf("capture %s after the fast path failed", s.name)
 	}
 	for _, row := range [][]string{
 		{"nope"},
 		{"0/3000100", "8192"},
 		{"0/3000100", "8192", "x"},
-		{"nope", "8192", "000000010000000000000003"},
-		{"0/3000100", "0", "000000010000000000000003"},
-		{"0/3000100", "-1", "000000010000000000000003"},
-		{"0/3000100", "8k", "000000010000000000000003"},
-		{"0/3000100", "8192", "000000000000000000000003"}, // timeline 0
-		{"0/3000100", "8192", "00000001000000000000003"},  // 23 digits
-		{"0/3000100", "8192", "0000000a0000000000000003"}, // lower case
-		{"0/3000100", "8192", "+00000010000000000000003"},
+		{"0/3000100", "8192", "000000010000000000000003"}, // no OID column
+		{"nope", "8192", "000000010000000000000003", ""},
+		{"0/3000100", "0", "000000010000000000000003", ""},
+		{"0/3000100", "-1", "000000010000000000000003", ""},
+		{"0/3000100", "8k", "000000010000000000000003", ""},
+		{"0/3000100", "8192", "000000000000000000000003", ""}, // timeline 0
+		{"0/3000100", "8192", "00000001000000000000003", ""},  // 23 digits
+		{"0/3000100", "8192", "0000000a0000000000000003", ""}, // lower case
+		{"0/3000100", "8192", "+00000010000000000000003", ""},
+		{"0/3000100", "8192", "000000010000000000000003", "-1"},
+		{"0/3000100", "8192", "000000010000000000000003", "4294967296"},
 	} {
 		if _, err := b.parseCapture(row); err == nil {
 			t.Errorf("parseCapture(%q) accepted", row)

@@ -93,8 +93,7 @@ func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, 
 			if p := cn.pending; p != nil && p.inj == &w.post.inj {
 				slot = &w.post2 // the pending capture's answer is still to come
 			}
-			name, sql := w.captureStmt()
-			ws.inj = w.injectPrepared(slot, name, sql)
+			ws.inj = w.injectCapture(slot)
 			w.wire.AppendAfterExec(ws.inj)
 		}
 	}
@@ -227,8 +226,10 @@ func (cn *Conn) settleCapture(ctx context.Context, b *backend, inj *wire.Injecti
 func (c *Connector) captured(b *backend, inj *wire.Injection) (primaryPos, bool, error) {
 	if err := inj.Err(); err != nil {
 		c.stats.captureFailures.Add(1)
+		b.captureAnswered(inj, true)
 		return primaryPos{}, false, err
 	}
+	b.captureAnswered(inj, false)
 	row, null := inj.Row()
 	if len(row) == 0 || null[0] {
 		return primaryPos{}, false, nil
@@ -252,6 +253,9 @@ func (cn *Conn) await(ctx context.Context, b *backend, inj *wire.Injection) bool
 		return true
 	}
 	if err := b.wire.Await(ctx, inj); err != nil {
+		if ctx.Err() == nil {
+			b.captureUnanswered(inj)
+		}
 		b.close()
 		return false
 	}

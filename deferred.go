@@ -176,6 +176,7 @@ func (p *pendingCapture) abandon() {
 		return
 	}
 	p.markSettled()
+	p.b.captureUnanswered(p.inj)
 	p.cn.markLostFor(p.cs, p.wrote)
 }
 

@@ -191,8 +191,8 @@ func fakeNodes(t *testing.T) (writer, replica *pgfake.Server) {
 					}
 					return pgfake.Result{Cols: []pgfake.Column{{Name: "lsn", OID: 3220}, {Name: "rec", OID: 16}}, Rows: [][][]byte{pgfake.Row("0/3000000", rec)}}
 				case sqlCapture:
-					return pgfake.Result{Cols: []pgfake.Column{{Name: "l", OID: 3220}, {Name: "b", OID: 25}, {Name: "f", OID: 25}},
-						Rows: [][][]byte{pgfake.Row("0/3000000", "8192", "000000010000000000000003")}}
+					return pgfake.Result{Cols: []pgfake.Column{{Name: "l", OID: 3220}, {Name: "b", OID: 25}, {Name: "f", OID: 25}, {Name: "o", OID: 26}},
+						Rows: [][][]byte{{[]byte("0/3000000"), []byte("8192"), []byte("000000010000000000000003"), nil}}}
 				case sqlCaptureLSN:
 					return pgfake.Result{Cols: []pgfake.Column{{Name: "l", OID: 3220}}, Rows: [][][]byte{pgfake.Row("0/3000000")}}
 				}

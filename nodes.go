@@ -27,6 +27,13 @@ type node struct {
 	lag        atomic.Int64  // lower bound on replay lag, ns (see history)
 	lagAt      atomic.Int64  // when lag was measured, unix ns; 0 = never
 	waits      atomic.Int64  // reads waiting on this replica (max_waits, overload.go)
+	// fastFails counts fast-path captures (backend.injectCapture) left
+	// unanswered by a connection that broke, since the last one answered;
+	// an error answer sets it to fastCaptureTries at once. From
+	// fastCaptureTries on, the node's captures are prepared statements:
+	// something between pgryw and the server may not take FunctionCall
+	// messages.
+	fastFails atomic.Int32
 
 	obs nodeObs // counters and last noted state (stats.go)
 

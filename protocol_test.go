@@ -41,7 +41,7 @@ const (
 	protoInsertLit  = "INSERT INTO t (v) VALUES (1)"
 	protoRead       = "SELECT v FROM t WHERE id = $1"
 	protoReadWriter = "SELECT v FROM t WHERE id = $1 /* pgryw:primary */"
-	protoCapture    = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn())"
+	protoCapture    = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn()), to_regprocedure('pg_catalog.pg_current_wal_insert_lsn()')::oid"
 	protoPoll       = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
 	protoCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
 
@@ -71,6 +71,30 @@ type protoWriter struct {
 	// closed, as a busy server's second packet.
 	holdCapture bool
 	release     chan struct{}
+	// fastFn is the function OID protoCapture reports (0: NULL, so pgryw
+	// prepares protoCaptureLSN); a FunctionCall of it answers lsn, or
+	// fails with failFast.
+	fastFn   uint32
+	failFast bool
+	fastpath int // FunctionCalls received
+}
+
+// fnOID is protoCapture's fourth column: fastFn, or NULL.
+func (w *protoWriter) fnOID() []byte {
+	if w.fastFn == 0 {
+		return nil
+	}
+	return []byte(strconv.FormatUint(uint64(w.fastFn), 10))
+}
+
+// callsFunction reports a fast-path FunctionCall in b.
+func callsFunction(b pgfake.Batch) bool {
+	for _, m := range b.Msgs {
+		if _, ok := m.(*pgproto3.FunctionCall); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // walFile names the WAL file of the writer's position, as pg_walfile_name
@@ -95,7 +119,7 @@ func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 			return nil
 		}
 	}
-	if w.holdCapture && (executes(c, b, protoCapture) || executes(c, b, protoCaptureLSN)) {
+	if w.holdCapture && (executes(c, b, protoCapture) || executes(c, b, protoCaptureLSN) || callsFunction(b)) {
 		out := w.answer(c, b)
 		for i, m := range out {
 			if _, ok := m.(*pgproto3.ReadyForQuery); ok && i < len(out)-1 {
@@ -114,6 +138,16 @@ func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 
 func (w *protoWriter) answer(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
 	return c.Answer(b, func(q pgfake.Query) pgfake.Result {
+		if q.Function != 0 {
+			w.fastpath++
+			switch {
+			case q.Function != w.fastFn || w.fastFn == 0:
+				return pgfake.Result{Err: pgfake.Error("42883", fmt.Sprintf("function with OID %d does not exist", q.Function))}
+			case w.failFast:
+				return pgfake.Result{Err: pgfake.Error("0A000", "fast-path function calls not supported")}
+			}
+			return pgfake.Result{Rows: [][][]byte{pgfake.Row(w.lsn)}}
+		}
 		switch q.SQL {
 		case protoCaptureLSN:
 			return pgfake.Result{
@@ -122,8 +156,8 @@ func (w *protoWriter) answer(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 			}
 		case protoCapture:
 			return pgfake.Result{
-				Cols: []pgfake.Column{{Name: "pg_current_wal_insert_lsn", OID: 3220}, {Name: "current_setting", OID: 25}, {Name: "pg_walfile_name", OID: 25}},
-				Rows: [][][]byte{pgfake.Row(w.lsn, "8192", w.walFile())},
+				Cols: []pgfake.Column{{Name: "pg_current_wal_insert_lsn", OID: 3220}, {Name: "current_setting", OID: 25}, {Name: "pg_walfile_name", OID: 25}, {Name: "to_regprocedure", OID: 26}},
+				Rows: [][][]byte{{[]byte(w.lsn), []byte("8192"), []byte(w.walFile()), w.fnOID()}},
 			}
 		case protoInsert, protoInsertLit:
 			if !q.Describe {
@@ -449,6 +483,79 @@ func TestProtocolAutocommitWriteCarriesCapture(t *testing.T) {
 	// No replica saw anything but the monitor.
 	if fs := flushes(pc.replica, false); len(fs) != 0 {
 		t.Errorf("replica got %q", fs[0].msgs)
+	}
+}
+
+// Once the first capture has reported pg_current_wal_insert_lsn's OID, a
+// write carries a fast-path FunctionCall of it instead of a prepared
+// statement, and the position it answers is the watermark. A node whose
+// fast path fails gets prepared captures from then on, the failed write's
+// position counting as lost.
+func TestProtocolFastPathCapture(t *testing.T) {
+	pc := newProtoCluster(t, "19devel", "")
+	pc.w.fastFn = 2852
+	for i := range 3 {
+		switch i {
+		case 1:
+			pc.w.mu.Lock()
+			pc.w.lsn = "0/3000180"
+			pc.w.mu.Unlock()
+		case 2:
+			pc.w.mu.Lock()
+			pc.w.lsn, pc.w.failFast = "0/3000200", true
+			pc.w.mu.Unlock()
+		}
+		if _, err := pc.db.Exec(protoInsert, 1); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		// The next statement on the connection settles the capture.
+		var v string
+		if err := pc.db.QueryRow(protoReadWriter, 7).Scan(&v); err != nil || v != "writer" {
+			t.Fatalf("read on the writer after write %d: %q, %v", i, v, err)
+		}
+		if got := pgryw.PoolWatermark(pc.c); i == 1 && got != "0/03000180" {
+			t.Fatalf("pool watermark %s after a fast-path capture answered 0/3000180", got)
+		}
+	}
+	if _, err := pc.db.Exec(protoInsert, 1); err != nil {
+		t.Fatal(err)
+	}
+	var got [][]string
+	for _, f := range flushes(pc.writer, false) {
+		got = append(got, f.msgs)
+	}
+	fast := []string{"FunctionCall 2852"}
+	readW := []string{"Bind " + protoReadWriter, "Execute", "Sync"}
+	want := [][]string{
+		{"Parse " + protoInsert, "Describe S " + protoInsert, "Sync"},
+		cat(insertExec, capFirst),
+		{"Parse " + protoReadWriter, "Describe S " + protoReadWriter, "Sync"},
+		cat(readW, fast),
+		cat(insertExec, fast),
+		cat(readW, fast),
+		cat(insertExec, fast),     // answered with an error: lost,
+		{"Query " + protoCapture}, // so read again at once
+		cat(readW, capLSN1),       // prepared from then on
+		cat(insertExec, []string{"Bind pgryw_lsn", "Execute", "Sync"}),
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("writer flushes\n %q\nwant\n %q", got, want)
+	}
+	pc.w.mu.Lock()
+	n := pc.w.fastpath
+	pc.w.mu.Unlock()
+	if n != 4 {
+		t.Errorf("%d FunctionCalls arrived, want 4", n)
+	}
+	// The protoReadWriter reads also carry captures (a read on the primary
+	// raises the connection's floor): the first fast-path answer arrived
+	// behind the second write.
+	st := pc.c.Stats()
+	if st.CaptureFailures != 1 {
+		t.Errorf("stats %+v, want the one failed fast-path capture", st)
+	}
+	if got := pgryw.PoolWatermark(pc.c); got != "0/03000200" {
+		t.Errorf("pool watermark %s, want 0/03000200, from the captures after the failed one", got)
 	}
 }
 

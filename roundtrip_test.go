@@ -5,6 +5,7 @@ package pgryw_test
 // server connection.
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"net"
@@ -230,5 +231,64 @@ func TestRoundTrips(t *testing.T) {
 	}
 	if st := c.Stats(); st.Captures < 9 || st.CaptureFailures != 0 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// recConn keeps what the client wrote.
+type recConn struct {
+	net.Conn
+	mu  *sync.Mutex
+	buf *bytes.Buffer
+}
+
+func (c *recConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	c.buf.Write(b)
+	c.mu.Unlock()
+	return c.Conn.Write(b)
+}
+
+// After a connection's first capture, writes carry a fast-path FunctionCall
+// of pg_current_wal_insert_lsn (its OID as this server reports it), and
+// its answers are the positions reads wait for: every read after a write
+// sees the write, with no capture failing.
+func TestIntegrationFastPathCapture(t *testing.T) {
+	db, c := openDB(t, "")
+	var (
+		mu    sync.Mutex
+		wrote bytes.Buffer
+	)
+	primaryPort := uint16(cluster.Writer.Port)
+	pgryw.SetNetHook(c, func(port uint16, nc net.Conn) net.Conn {
+		if port != primaryPort {
+			return nc
+		}
+		return &recConn{Conn: nc, mu: &mu, buf: &wrote}
+	})
+	db.SetMaxOpenConns(1)
+	table := newTable(t)
+	ctx := context.Background()
+	var oid uint32
+	if err := db.QueryRowContext(ctx, "SELECT 'pg_catalog.pg_current_wal_insert_lsn()'::regprocedure::oid /* pgryw:primary */").Scan(&oid); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if _, err := db.ExecContext(ctx, "INSERT INTO "+table+" (id, v) VALUES ($1, $2)", i, i*10); err != nil {
+			t.Fatal(err)
+		}
+		var v int
+		if err := db.QueryRowContext(ctx, "SELECT v FROM "+table+" WHERE id = $1", i).Scan(&v); err != nil || v != i*10 {
+			t.Fatalf("read after write %d: %d, %v", i, v, err)
+		}
+	}
+	call := []byte{'F', 0, 0, 0, 14, byte(oid >> 24), byte(oid >> 16), byte(oid >> 8), byte(oid), 0, 0, 0, 0, 0, 0}
+	mu.Lock()
+	n := bytes.Count(wrote.Bytes(), call)
+	mu.Unlock()
+	if n < 5 {
+		t.Errorf("%d fast-path captures of OID %d went to the primary, want one behind each of the 5 writes at least", n, oid)
+	}
+	if st := c.Stats(); st.CaptureFailures != 0 || st.StaleReads != 0 {
+		t.Errorf("stats %+v: want no capture failures and no stale reads", st)
 	}
 }

@@ -24,12 +24,17 @@ const (
 	// WAL file, whose first eight hex digits are the writer's timeline: a
 	// new writer (a promoted standby) starts a new one, so every position
 	// says which history it belongs to (see sawPrimary).
-	sqlCapture = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn())"
+	//
+	// And the OID of pg_current_wal_insert_lsn (NULL where there is none by
+	// that name), which later captures call with a FunctionCall message
+	// (backend.injectCapture).
+	sqlCapture = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn()), to_regprocedure('pg_catalog.pg_current_wal_insert_lsn()')::oid"
 	// pg_is_in_recovery in the same query: a promoted standby keeps reporting
 	// its last replay position, so the position alone cannot tell promotion
 	// from lag.
 	sqlPoll = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
-	// sqlCaptureLSN is sqlCapture's position alone.
+	// sqlCaptureLSN is sqlCapture's position alone, where the fast-path
+	// call of the function fails.
 	sqlCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
 )
 
@@ -85,32 +90,40 @@ func (b *backend) parseCapture(row []string) (primaryPos, error) {
 		}
 		return primaryPos{lsn: adjustInsertLSN(l, bs), tli: tli}, nil
 	}
-	p, bs, err := parseCapture(row)
+	p, bs, fn, err := parseCapture(row)
 	if err == nil {
 		b.walTLI.Store(p.tli)
+		b.captureFn.Store(fn)
 		b.walBlock.Store(bs)
 	}
 	return p, err
 }
 
-// parseCapture reads sqlCapture's row, and the block size it carries.
-func parseCapture(row []string) (primaryPos, uint64, error) {
-	if len(row) != 3 {
-		return primaryPos{}, 0, fmt.Errorf("pgryw: primary position query returned %d columns", len(row))
+// parseCapture reads sqlCapture's row, and the block size and function OID
+// it carries (a NULL OID reads as "" here, and as 0).
+func parseCapture(row []string) (primaryPos, uint64, uint32, error) {
+	if len(row) != 4 {
+		return primaryPos{}, 0, 0, fmt.Errorf("pgryw: primary position query returned %d columns", len(row))
 	}
 	l, err := parseInsertLSN(row[0])
 	if err != nil {
-		return primaryPos{}, 0, err
+		return primaryPos{}, 0, 0, err
 	}
 	bs, err := strconv.ParseUint(row[1], 10, 32)
 	if err != nil || bs == 0 {
-		return primaryPos{}, 0, fmt.Errorf("pgryw: primary returned an unreadable wal_block_size %q", clip(row[1]))
+		return primaryPos{}, 0, 0, fmt.Errorf("pgryw: primary returned an unreadable wal_block_size %q", clip(row[1]))
 	}
 	tli, ok := walFileTimeline(row[2])
 	if !ok {
-		return primaryPos{}, 0, fmt.Errorf("pgryw: primary returned an unreadable WAL file name %q", clip(row[2]))
+		return primaryPos{}, 0, 0, fmt.Errorf("pgryw: primary returned an unreadable WAL file name %q", clip(row[2]))
 	}
-	return primaryPos{lsn: adjustInsertLSN(l, bs), tli: tli}, bs, nil
+	var fn uint64
+	if row[3] != "" {
+		if fn, err = strconv.ParseUint(row[3], 10, 32); err != nil {
+			return primaryPos{}, 0, 0, fmt.Errorf("pgryw: primary returned an unreadable function OID %q", clip(row[3]))
+		}
+	}
+	return primaryPos{lsn: adjustInsertLSN(l, bs), tli: tli}, bs, uint32(fn), nil
 }
 
 // parseInsertLSN reads a capture's pg_current_wal_insert_lsn().
@@ -268,7 +281,10 @@ const (
 	// stmtCaptureLSN is the capture once the connection knows the
 	// primary's block size and timeline (backend.captureStmt).
 	stmtCaptureLSN = "pgryw_lsn"
-	stmtPoll       = "pgryw_poll"
+	// stmtCaptureFast names no prepared statement: it marks a slot holding
+	// the fast-path call of pg_current_wal_insert_lsn.
+	stmtCaptureFast = "pgryw_fastpath"
+	stmtPoll        = "pgryw_poll"
 )
 
 // armCheck puts a replica's catch-up check in front of the read about to be

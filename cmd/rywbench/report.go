@@ -249,7 +249,8 @@ func printCost(w io.Writer, sums []summary, m *costMeter) {
 		fmt.Fprintf(w, row, s.Name, f(c.ReplicaStatements, 2), f(c.ReplicaBackendCPU, 1), f(c.ReplicaAllCPU, 1),
 			f(c.PrimaryStatements, 2), f(c.PrimaryBackendCPU, 1), f(c.PrimaryAllCPU, 1))
 	}
-	fmt.Fprintln(w, "stmts = pg_stat_statements calls (all replicas summed); CPU = client backends' time on CPU, all = the")
+	fmt.Fprintln(w, "stmts = pg_stat_statements calls (all replicas summed; pgryw's fast-path captures on the primary, FunctionCall")
+	fmt.Fprintln(w, "messages, are not statements to it, and count only in CPU); CPU = client backends' time on CPU, all = the")
 	fmt.Fprintln(w, "whole postmaster tree (replay, WAL sender/receiver, background processes) from /proc.")
 	if bg := m.bg; bg.measured {
 		fmt.Fprintf(w, "Less the background, measured for 1s with every pool open and idle (the pgryw pools' replica monitors\n"+

@@ -557,6 +557,10 @@ type Query struct {
 	// FormatCodes are the Bind's parameter format codes.
 	Params      [][]byte
 	FormatCodes []int16
+	// Function is the OID a fast-path FunctionCall message calls (SQL is
+	// empty then; Params are its arguments): the Responder's first value of
+	// its first row is the result, or its Err the error.
+	Function uint32
 }
 
 // Column is a result column.
@@ -716,6 +720,25 @@ func (c *Conn) Answer(b Batch, f Responder) []pgproto3.BackendMessage {
 			tx := c.tx
 			c.mu.Unlock()
 			out = append(out, &pgproto3.ReadyForQuery{TxStatus: tx})
+		case *pgproto3.FunctionCall:
+			codes := make([]int16, len(m.ArgFormatCodes))
+			for i, c := range m.ArgFormatCodes {
+				codes[i] = int16(c)
+			}
+			r := f(Query{Function: m.Function, Params: m.Arguments, FormatCodes: codes})
+			if r.Err != nil {
+				fail(r.Err)
+			} else {
+				var v []byte
+				if len(r.Rows) > 0 && len(r.Rows[0]) > 0 {
+					v = r.Rows[0][0]
+				}
+				out = append(out, &pgproto3.FunctionCallResponse{Result: v})
+			}
+			c.mu.Lock()
+			tx := c.tx
+			c.mu.Unlock()
+			out = append(out, &pgproto3.ReadyForQuery{TxStatus: tx})
 		case *pgproto3.Close:
 			if m.ObjectType == 'S' {
 				c.Deallocate(m.Name)
@@ -795,7 +818,8 @@ func emptyQuery(q string) bool {
 // Summary describes a batch's messages compactly, one string per message,
 // for asserting what one flush carried: "Parse <name>", "Bind <name>",
 // "Describe S <name>" or "Describe P", "Execute", "Sync", "Query <text>",
-// "Close S <name>", "Flush", "Terminate", or the message's Go type. label
+// "Close S <name>", "Flush", "Terminate", "FunctionCall <oid>", or the
+// message's Go type. label
 // turns a prepared statement's name into what the summary shows (nil shows
 // names as they are; see Conn.Label).
 func Summary(b Batch, label func(name string) string) []string {
@@ -827,6 +851,8 @@ func Summary(b Batch, label func(name string) string) []string {
 			s = append(s, "Flush")
 		case *pgproto3.Terminate:
 			s = append(s, "Terminate")
+		case *pgproto3.FunctionCall:
+			s = append(s, fmt.Sprintf("FunctionCall %d", m.Function))
 		default:
 			s = append(s, fmt.Sprintf("%T", m))
 		}

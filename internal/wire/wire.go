@@ -4,7 +4,7 @@
 //
 // Conn sits between pgconn and the socket (pgconn.Config.AfterNetConnect, so
 // above TLS). An Injection is one simple-protocol Query message (or
-// prebuilt messages ending in a Sync, or, chained in front of pgx's
+// prebuilt messages ending in a Sync, or a fast-path FunctionCall, or, chained in front of pgx's
 // extended-protocol messages, an unnamed Parse/Bind/Execute). Prefix sends
 // it in front of pgx's next write (a replica's catch-up check ahead of a
 // read); AppendAfterExec sends it behind pgx's next write that executes a
@@ -34,9 +34,11 @@ import (
 
 // Injection is one of pgryw's statements and, once Done, its answer. It is
 // sent as a simple-protocol Query of SQL, or, when Msgs is set, as those
-// frontend messages verbatim (which must end in exactly one Sync: an
+// frontend messages verbatim, which must end in exactly one Sync (an
 // extended-protocol Bind/Execute/Sync of a statement prepared once per
-// connection skips the parse and plan a Query costs every time).
+// connection skips the parse and plan a Query costs every time) or be one
+// FunctionCall (the fast path: a function called with no statement at all;
+// its FunctionCallResponse's value is the Row).
 type Injection struct {
 	SQL  string
 	Msgs []byte
@@ -97,6 +99,10 @@ func (in *Injection) Err() error {
 	}
 	return nil
 }
+
+// FunctionCall reports that in is a fast-path FunctionCall message, whose
+// result is its Row's one value.
+func (in *Injection) FunctionCall() bool { return len(in.Msgs) > 0 && in.Msgs[0] == 'F' }
 
 // Reset readies in for reuse with a new SQL text.
 func (in *Injection) Reset(sql string) {
@@ -487,6 +493,14 @@ func (c *Conn) endMessage() {
 						in.row = append(in.row, string(v))
 						in.null = append(in.null, v == nil)
 					}
+				}
+			}
+		case 'V':
+			if len(in.row) == 0 {
+				var fr pgproto3.FunctionCallResponse
+				if fr.Decode(c.body) == nil {
+					in.row = append(in.row, string(fr.Result))
+					in.null = append(in.null, fr.Result == nil)
 				}
 			}
 		case 'E':

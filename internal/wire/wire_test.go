@@ -105,6 +105,58 @@ func TestAppendAfterExecStripsAnswer(t *testing.T) {
 	}
 }
 
+// A fast-path FunctionCall rides behind pgx's write like a Sync-ended
+// statement: its FunctionCallResponse is the row, and neither it nor its
+// ReadyForQuery reaches pgx, however the bytes are chunked.
+func TestAppendAfterExecFunctionCall(t *testing.T) {
+	pgxAnswer := enc(t,
+		&pgproto3.BindComplete{},
+		&pgproto3.CommandComplete{CommandTag: []byte("INSERT 0 1")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	ours := enc(t,
+		&pgproto3.NoticeResponse{Message: "hi"},
+		&pgproto3.FunctionCallResponse{Result: []byte("0/3000100")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	next := enc(t, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	notice := enc(t, &pgproto3.NoticeResponse{Message: "hi"})
+	call := encF(t, &pgproto3.FunctionCall{Function: 2852})
+	for seed := int64(0); seed < 200; seed++ {
+		under := &chunked{data: append(append(append([]byte{}, pgxAnswer...), ours...), next...), rng: rand.New(rand.NewSource(seed))}
+		c := Wrap(under)
+		in := &Injection{Msgs: call}
+		if !in.FunctionCall() {
+			t.Fatal("FunctionCall() false for a FunctionCall message")
+		}
+		c.AppendAfterExec(in)
+		write := encF(t, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{})
+		c.Write(write)
+		if !bytes.Equal(under.written.Bytes(), append(append([]byte{}, write...), call...)) {
+			t.Fatalf("wire carried %q", under.written.Bytes())
+		}
+		got, _ := io.ReadAll(c)
+		want := append(append(append([]byte{}, pgxAnswer...), notice...), next...)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("seed %d: pgx saw\n%q\nwant\n%q", seed, got, want)
+		}
+		row, null := in.Row()
+		if !in.Done() || len(row) != 1 || row[0] != "0/3000100" || null[0] || in.Err() != nil {
+			t.Fatalf("seed %d: injection %+v", seed, in)
+		}
+	}
+	// A NULL result reads as NULL.
+	under := &chunked{data: append(append([]byte{}, pgxAnswer...), enc(t, &pgproto3.FunctionCallResponse{}, &pgproto3.ReadyForQuery{TxStatus: 'I'})...), rng: rand.New(rand.NewSource(1))}
+	c := Wrap(under)
+	in := &Injection{Msgs: call}
+	c.AppendAfterExec(in)
+	c.Write(encF(t, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}))
+	io.ReadAll(c)
+	if row, null := in.Row(); !in.Done() || len(row) != 1 || !null[0] {
+		t.Fatalf("NULL result: %q %v", row, null)
+	}
+}
+
 func TestPrefixStripsErrorAndKeepsPgxAnswer(t *testing.T) {
 	ours := enc(t,
 		&pgproto3.ErrorResponse{Severity: "ERROR", Code: "42601", Message: "syntax error"},
