@@ -107,3 +107,53 @@ func BenchmarkWriteOverhead(b *testing.B) {
 	b.ReportMetric(pr, "pgryw-p50-ns")
 	b.ReportMetric(pr/pp, "pgryw/pgx-p50")
 }
+
+// BenchmarkReplicaReadOverhead runs the same read on a replica through
+// pgx's driver and through pgryw (with no watermark pending: the read goes
+// alone, as pgryw-read does in rywbench), alternating in one loop, and
+// reports pgryw's p50 as a ratio of pgx's.
+func BenchmarkReplicaReadOverhead(b *testing.B) {
+	pgtest.Require(b, cluster)
+	plain, err := sql.Open("pgx", cluster.ReplicaDSN(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer plain.Close()
+	ryw, err := sql.Open("pgryw", cluster.WriterDSN()+"&replicas="+cluster.ReplicaAddrs()[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ryw.Close()
+	const q = "SELECT $1::int + 1"
+	var v int
+	run := func(db *sql.DB) time.Duration {
+		start := time.Now()
+		if err := db.QueryRow(q, 41).Scan(&v); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	for i := 0; i < 100; i++ {
+		run(plain)
+		run(ryw)
+	}
+	var tPlain, tRyw []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%2 == 0 {
+			tPlain = append(tPlain, run(plain))
+			tRyw = append(tRyw, run(ryw))
+		} else {
+			tRyw = append(tRyw, run(ryw))
+			tPlain = append(tPlain, run(plain))
+		}
+	}
+	p50 := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Nanoseconds())
+	}
+	pp, pr := p50(tPlain), p50(tRyw)
+	b.ReportMetric(pp, "pgx-p50-ns")
+	b.ReportMetric(pr, "pgryw-p50-ns")
+	b.ReportMetric(pr/pp, "pgryw/pgx-p50")
+}

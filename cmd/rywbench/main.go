@@ -67,6 +67,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
@@ -134,7 +135,7 @@ func parseFlags() (*config, error) {
 	flag.DurationVar(&cfg.sleep, "sleep", 50*time.Millisecond, "sleep-replica's pause before reading")
 	flag.StringVar(&strategies, "strategies", "default", "comma-separated strategies to run; \"default\" = "+strings.Join(defaultStrategies, ",")+
 		"; \"all\" adds the wire-level models "+strings.Join(modelStrategies, ",")+"; with -load: "+strings.Join(loadStrategies, ","))
-	flag.BoolVar(&cfg.mix, "mix", false, "interleave the strategies iteration by iteration within each worker instead of running one strategy at a time (finer interleaving; no server cost per strategy)")
+	flag.BoolVar(&cfg.mix, "mix", false, "interleave the strategies iteration by iteration within each worker, in a new random order each time, instead of running one strategy at a time (finer interleaving; no server cost per strategy)")
 	flag.BoolVar(&cfg.pgss, "pgss", false, "count the statements each strategy makes the servers run, with pg_stat_statements (loaded into a local cluster; given servers must have it in shared_preload_libraries)")
 	flag.Var(&settings, "conf", "a postgresql.conf line for every node of a local cluster, e.g. -conf \"hot_standby_feedback = off\"; repeatable")
 	flag.BoolVar(&cfg.load, "load", false, "load test: -workers (default 32) run mixed writes and reads for -load-time per strategy; reports throughput and the server connections each node sees")
@@ -695,9 +696,10 @@ func (b *bench) run(ctx context.Context) ([]*result, error) {
 
 // mixed runs iters iterations of every strategy on each of the workers
 // concurrently, each worker taking the strategies in turn, one iteration
-// each, from a different starting point per worker, round and iteration:
-// every strategy meets the same machine, moment by moment. It returns the
-// samples by strategy.
+// each, in a new random order every time (seeded by round and worker):
+// every strategy meets the same machine, moment by moment, and none always
+// follows the same other one (a strategy right after one that wrote meets
+// the replay of that write). It returns the samples by strategy.
 func (b *bench) mixed(ctx context.Context, strats []strategy, iters int, ids []atomic.Int64, round int) ([][]sample, error) {
 	n := len(strats)
 	perWorker := make([][][]sample, b.cfg.workers)
@@ -707,12 +709,17 @@ func (b *bench) mixed(ctx context.Context, strats []strategy, iters int, ids []a
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for it := range iters {
-				for k := range n {
+			rng := rand.New(rand.NewPCG(uint64(round), uint64(w)))
+			order := make([]int, n)
+			for k := range order {
+				order[k] = k
+			}
+			for range iters {
+				rng.Shuffle(n, func(a, b int) { order[a], order[b] = order[b], order[a] })
+				for _, i := range order {
 					if ctx.Err() != nil {
 						return
 					}
-					i := (k + w + round + it) % n
 					perWorker[w][i] = append(perWorker[w][i], b.iteration(ctx, strats[i], ids[i].Add(1)))
 				}
 			}
