@@ -83,29 +83,7 @@ func BenchmarkWriteOverhead(b *testing.B) {
 		}
 		return time.Since(start)
 	}
-	for i := 0; i < 100; i++ {
-		run(plain)
-		run(ryw)
-	}
-	var tPlain, tRyw []time.Duration
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if i%2 == 0 {
-			tPlain = append(tPlain, run(plain))
-			tRyw = append(tRyw, run(ryw))
-		} else {
-			tRyw = append(tRyw, run(ryw))
-			tPlain = append(tPlain, run(plain))
-		}
-	}
-	p50 := func(d []time.Duration) float64 {
-		slices.Sort(d)
-		return float64(d[len(d)/2].Nanoseconds())
-	}
-	pp, pr := p50(tPlain), p50(tRyw)
-	b.ReportMetric(pp, "pgx-p50-ns")
-	b.ReportMetric(pr, "pgryw-p50-ns")
-	b.ReportMetric(pr/pp, "pgryw/pgx-p50")
+	alternateP50(b, plain, ryw, run)
 }
 
 // BenchmarkReplicaReadOverhead runs the same read on a replica through
@@ -133,6 +111,13 @@ func BenchmarkReplicaReadOverhead(b *testing.B) {
 		}
 		return time.Since(start)
 	}
+	alternateP50(b, plain, ryw, run)
+}
+
+// alternateP50 runs run on plain and on ryw in turn (a warm-up of 100
+// each first), b.N times each, swapping which goes first every time, and
+// reports both p50s and their ratio.
+func alternateP50(b *testing.B, plain, ryw *sql.DB, run func(*sql.DB) time.Duration) {
 	for i := 0; i < 100; i++ {
 		run(plain)
 		run(ryw)
