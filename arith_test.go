@@ -213,6 +213,29 @@ func TestParseCapture(t *testing.T) {
 	if b.injectCapture(&s); s.name != stmtCaptureLSN {
 		t.Fatalf("capture %s after the fast path failed", s.name)
 	}
+	// For fastCaptureOff, then on again.
+	if off := time.Until(time.Unix(0, b.node.fastOffUntil.Load())); off < fastCaptureOff-time.Second || off > fastCaptureOff {
+		t.Fatalf("fast path off for %v, want %v", off, fastCaptureOff)
+	}
+	b.node.fastOffUntil.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	if inj = b.injectCapture(&s); s.name != stmtCaptureFast {
+		t.Fatalf("capture %s once the fast path's time off is over", s.name)
+	}
+	// Unanswered on broken connections: off after fastCaptureTries in a
+	// row, an answer in between starting the count again.
+	for i := range 2*fastCaptureTries - 2 {
+		if i == fastCaptureTries-1 {
+			b.captureAnswered(inj, false)
+		}
+		b.captureUnanswered(inj)
+		if b.injectCapture(&s); s.name != stmtCaptureFast {
+			t.Fatalf("capture %s after %d unanswered", s.name, i+1)
+		}
+	}
+	b.captureUnanswered(inj)
+	if b.injectCapture(&s); s.name != stmtCaptureLSN {
+		t.Fatalf("capture %s after %d unanswered in a row", s.name, fastCaptureTries)
+	}
 	for _, row := range [][]string{
 		{"nope"},
 		{"0/3000100", "8192"},

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -277,13 +278,13 @@ func (b *backend) slotName(inj *wire.Injection) string {
 // fast-path FunctionCall of pg_current_wal_insert_lsn, which the server
 // answers without a parse, plan, portal or executor (7 µs less server time
 // per capture than the prepared statement, measured on PostgreSQL 19), or,
-// on a node where fast-path calls fail (node.fastFails), the prepared
-// sqlCaptureLSN.
+// on a node where fast-path calls fail (node.fastFails), for a while, the
+// prepared sqlCaptureLSN.
 func (b *backend) injectCapture(s *slot) *wire.Injection {
 	if b.walBlock.Load() == 0 {
 		return b.injectPrepared(s, stmtCapture, sqlCapture)
 	}
-	if fn := b.captureFn.Load(); fn != 0 && b.node.fastFails.Load() < fastCaptureTries {
+	if fn := b.captureFn.Load(); fn != 0 && b.node.fastPathOn() {
 		s.msgs, _ = (&pgproto3.FunctionCall{Function: fn}).Encode(s.msgs[:0]) // text result
 		s.name = stmtCaptureFast
 		s.inj.ResetMessages(s.msgs)
@@ -294,11 +295,34 @@ func (b *backend) injectCapture(s *slot) *wire.Injection {
 
 // fastCaptureTries is how many fast-path captures in a row may go
 // unanswered on broken connections before a node's captures are prepared
-// statements again. A connection breaks for other reasons too (a
-// cancelled statement, a restart), with fast-path captures answered in
-// between; something that drops the connection at every FunctionCall
-// answers none.
-const fastCaptureTries = 3
+// statements for fastCaptureOff. A connection breaks for other reasons
+// too (a cancelled statement, a restart), with fast-path captures
+// answered in between; something that drops the connection at every
+// FunctionCall answers none, and then costs one broken connection per
+// fastCaptureOff.
+const (
+	fastCaptureTries = 3
+	fastCaptureOff   = time.Minute
+)
+
+// fastPathOn reports whether captures on n may take the fast path.
+func (n *node) fastPathOn() bool {
+	until := n.fastOffUntil.Load()
+	if until == 0 {
+		return true
+	}
+	if time.Now().UnixNano() < until {
+		return false
+	}
+	n.fastOffUntil.CompareAndSwap(until, 0)
+	return true
+}
+
+// fastPathOff turns n's fast path off for fastCaptureOff.
+func (n *node) fastPathOff() {
+	n.fastFails.Store(0)
+	n.fastOffUntil.Store(time.Now().Add(fastCaptureOff).UnixNano())
+}
 
 // captureAnswered notes how a capture's answer came, for fastFails: an
 // error answer to a fast-path call turns the node's fast path off.
@@ -306,17 +330,17 @@ func (b *backend) captureAnswered(inj *wire.Injection, failed bool) {
 	switch {
 	case !inj.FunctionCall():
 	case failed:
-		b.node.fastFails.Store(fastCaptureTries)
+		b.node.fastPathOff()
 	case b.node.fastFails.Load() != 0:
 		b.node.fastFails.Store(0)
 	}
 }
 
-// captureUnanswered notes a capture whose connection broke before its
-// answer came.
+// captureUnanswered notes a capture that was sent and whose connection
+// broke before its answer came.
 func (b *backend) captureUnanswered(inj *wire.Injection) {
-	if inj.FunctionCall() && inj.Sent() {
-		b.node.fastFails.Add(1)
+	if inj.FunctionCall() && b.node.fastFails.Add(1) >= fastCaptureTries {
+		b.node.fastPathOff()
 	}
 }
 

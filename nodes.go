@@ -28,12 +28,14 @@ type node struct {
 	lagAt      atomic.Int64  // when lag was measured, unix ns; 0 = never
 	waits      atomic.Int64  // reads waiting on this replica (max_waits, overload.go)
 	// fastFails counts fast-path captures (backend.injectCapture) left
-	// unanswered by a connection that broke, since the last one answered;
-	// an error answer sets it to fastCaptureTries at once. From
-	// fastCaptureTries on, the node's captures are prepared statements:
-	// something between pgryw and the server may not take FunctionCall
-	// messages.
-	fastFails atomic.Int32
+	// unanswered by a connection that broke, since the last one answered.
+	// An error answer, or fastCaptureTries of those, turns the node's fast
+	// path off until fastOffUntil (unix nanos; 0: on): something between
+	// pgryw and the server may not take FunctionCall messages. It comes
+	// back on by itself, since connections also break for other reasons
+	// (a failover breaks them all at once).
+	fastFails    atomic.Int32
+	fastOffUntil atomic.Int64
 
 	obs nodeObs // counters and last noted state (stats.go)
 
