@@ -27,15 +27,7 @@ func BenchmarkNoReplicasOverhead(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer ryw.Close()
-	const q = "SELECT $1::int + 1"
-	var v int
-	run := func(db *sql.DB) time.Duration {
-		start := time.Now()
-		if err := db.QueryRow(q, 41).Scan(&v); err != nil {
-			b.Fatal(err)
-		}
-		return time.Since(start)
-	}
+	run := pointQuery(b)
 	for i := 0; i < 100; i++ {
 		run(plain)
 		run(ryw)
@@ -102,15 +94,7 @@ func BenchmarkReplicaReadOverhead(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer ryw.Close()
-	const q = "SELECT $1::int + 1"
-	var v int
-	run := func(db *sql.DB) time.Duration {
-		start := time.Now()
-		if err := db.QueryRow(q, 41).Scan(&v); err != nil {
-			b.Fatal(err)
-		}
-		return time.Since(start)
-	}
+	run := pointQuery(b)
 	alternateP50(b, plain, ryw, run)
 }
 
@@ -141,4 +125,16 @@ func alternateP50(b *testing.B, plain, ryw *sql.DB, run func(*sql.DB) time.Durat
 	b.ReportMetric(pp, "pgx-p50-ns")
 	b.ReportMetric(pr, "pgryw-p50-ns")
 	b.ReportMetric(pr/pp, "pgryw/pgx-p50")
+}
+
+// pointQuery returns a timed run of SELECT $1::int + 1 on a pool.
+func pointQuery(b *testing.B) func(*sql.DB) time.Duration {
+	var v int
+	return func(db *sql.DB) time.Duration {
+		start := time.Now()
+		if err := db.QueryRow("SELECT $1::int + 1", 41).Scan(&v); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
 }
