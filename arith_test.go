@@ -201,10 +201,15 @@ func TestParseCapture(t *testing.T) {
 	if b.injectCapture(&s); s.name != stmtCaptureLSN {
 		t.Fatalf("capture %s once the block size is known, with no function OID", s.name)
 	}
-	// With one: the fast path, until it fails.
+	// With one: the prepared statement until a probe saw the fast path
+	// work on the node, then the fast path, until it fails.
 	if _, err := b.parseCapture([]string{"0/3002018", "8192", "000000020000000000000003", "2852"}); err != nil {
 		t.Fatal(err)
 	}
+	if b.injectCapture(&s); s.name != stmtCaptureLSN {
+		t.Fatalf("capture %s before the fast path was probed", s.name)
+	}
+	b.node.fastState.Store(fastOK)
 	inj := b.injectCapture(&s)
 	if s.name != stmtCaptureFast || !inj.FunctionCall() || !bytes.Equal(s.msgs, []byte{'F', 0, 0, 0, 14, 0, 0, 0x0b, 0x24, 0, 0, 0, 0, 0, 0}) {
 		t.Fatalf("capture %s %q, want a FunctionCall of OID 2852", s.name, s.msgs)
@@ -218,8 +223,12 @@ func TestParseCapture(t *testing.T) {
 		t.Fatalf("fast path off for %v, want %v", off, fastCaptureOff)
 	}
 	b.node.fastOffUntil.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	if b.injectCapture(&s); s.name != stmtCaptureLSN || b.node.fastState.Load() != fastUnknown {
+		t.Fatalf("capture %s once the fast path's time off is over, before a probe", s.name)
+	}
+	b.node.fastState.Store(fastOK)
 	if inj = b.injectCapture(&s); s.name != stmtCaptureFast {
-		t.Fatalf("capture %s once the fast path's time off is over", s.name)
+		t.Fatalf("capture %s once a probe saw the fast path work again", s.name)
 	}
 	// Unanswered on broken connections: off after fastCaptureTries in a
 	// row, an answer in between starting the count again.
@@ -233,7 +242,7 @@ func TestParseCapture(t *testing.T) {
 		}
 	}
 	b.captureUnanswered(inj)
-	if b.injectCapture(&s); s.name != stmtCaptureLSN {
+	if b.injectCapture(&s); s.name != stmtCaptureLSN || b.node.fastState.Load() != fastUnknown {
 		t.Fatalf("capture %s after %d unanswered in a row", s.name, fastCaptureTries)
 	}
 	for _, row := range [][]string{

@@ -27,6 +27,7 @@ type backend struct {
 	post  slot           // a statement riding behind the next one (a capture or a replay poll)
 	post2 slot           // the capture's other slot, while one waits to be settled (deferred.go)
 	state slot           // session state: its read-back on the primary, settings on a replica
+	probe slot           // the fast-path capture's probe (Conn.probeFastPath)
 	reset wire.Injection // reset_session's reset, riding in front of a statement
 
 	applied applied // the settings a replica connection's session was given
@@ -278,13 +279,14 @@ func (b *backend) slotName(inj *wire.Injection) string {
 // fast-path FunctionCall of pg_current_wal_insert_lsn, which the server
 // answers without a parse, plan, portal or executor (7 µs less server time
 // per capture than the prepared statement, measured on PostgreSQL 19), or,
-// on a node where fast-path calls fail (node.fastFails), for a while, the
-// prepared sqlCaptureLSN.
+// until a probe saw the fast path work on this node (Conn.probeFastPath),
+// and for a while after it failed (node.fastFails), the prepared
+// sqlCaptureLSN.
 func (b *backend) injectCapture(s *slot) *wire.Injection {
 	if b.walBlock.Load() == 0 {
 		return b.injectPrepared(s, stmtCapture, sqlCapture)
 	}
-	if fn := b.captureFn.Load(); fn != 0 && b.node.fastPathOn() {
+	if fn := b.captureFn.Load(); fn != 0 && b.node.fastState.Load() == fastOK && b.node.fastPathOn() {
 		s.msgs, _ = (&pgproto3.FunctionCall{Function: fn}).Encode(s.msgs[:0]) // text result
 		s.name = stmtCaptureFast
 		s.inj.ResetMessages(s.msgs)
@@ -318,10 +320,12 @@ func (n *node) fastPathOn() bool {
 	return true
 }
 
-// fastPathOff turns n's fast path off for fastCaptureOff.
+// fastPathOff turns n's fast path off for fastCaptureOff, after which a
+// probe must see it work again.
 func (n *node) fastPathOff() {
 	n.fastFails.Store(0)
 	n.fastOffUntil.Store(time.Now().Add(fastCaptureOff).UnixNano())
+	n.fastState.Store(fastUnknown)
 }
 
 // captureAnswered notes how a capture's answer came, for fastFails: an

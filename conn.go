@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -124,6 +125,9 @@ func (cn *Conn) ResetSession(ctx context.Context) error {
 	if cn.primary.gone() {
 		return driver.ErrBadConn
 	}
+	if err := cn.probeFastPath(ctx); err != nil {
+		return err
+	}
 	if r, ok := cn.primary.conn.(driver.SessionResetter); ok {
 		if err := r.ResetSession(ctx); err != nil {
 			return err
@@ -131,6 +135,51 @@ func (cn *Conn) ResetSession(ctx context.Context) error {
 	}
 	if cn.c.cfg.ResetSession && !cn.c.plain {
 		return cn.resetState(ctx)
+	}
+	return nil
+}
+
+// probeFastPath makes sure, once per node (and again when it failed and its
+// time off is over), that a fast-path FunctionCall gets through to the
+// primary and back, before captures riding behind the application's
+// statements take it (backend.injectCapture): something in between (a
+// pooler, a proxy) might refuse the message, or drop the connection at it.
+// The probe is pgryw's own round trip (SELECT 1 with the call behind it),
+// made on a connection that has read the function's OID in its first
+// capture, as database/sql hands it out again: if the connection breaks,
+// it is reported bad and database/sql takes another; nothing of the
+// application's was on it.
+func (cn *Conn) probeFastPath(ctx context.Context) error {
+	b := cn.primary
+	n := b.node
+	if b.wire == nil || cn.pending != nil || b.captureFn.Load() == 0 || n.fastState.Load() != fastUnknown ||
+		!b.idle() || !n.fastPathOn() || !n.fastState.CompareAndSwap(fastUnknown, fastProbing) {
+		return nil
+	}
+	s := &b.probe
+	s.msgs, _ = (&pgproto3.FunctionCall{Function: b.captureFn.Load()}).Encode(s.msgs[:0])
+	s.name = stmtCaptureFast
+	s.inj.ResetMessages(s.msgs)
+	b.wire.AppendAfterExec(&s.inj)
+	_, _, err := b.control(ctx, "SELECT 1")
+	answered := err == nil && cn.await(ctx, b, &s.inj)
+	b.wire.Disarm()
+	if answered && s.inj.Err() == nil {
+		if row, null := s.inj.Row(); len(row) == 1 && !null[0] {
+			if _, perr := parseInsertLSN(row[0]); perr == nil {
+				n.fastState.Store(fastOK)
+				return nil
+			}
+		}
+	}
+	if !answered && ctx.Err() != nil {
+		n.fastState.Store(fastUnknown) // the caller's context ended: no verdict
+	} else {
+		n.fastPathOff()
+	}
+	if b.closed() || !answered {
+		b.close()
+		return driver.ErrBadConn
 	}
 	return nil
 }

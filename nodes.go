@@ -36,6 +36,10 @@ type node struct {
 	// (a failover breaks them all at once).
 	fastFails    atomic.Int32
 	fastOffUntil atomic.Int64
+	// fastState: whether a fast-path capture was seen to get through to
+	// this node and back (Conn.probeFastPath); captures take the fast path
+	// only when fastOK. Back to fastUnknown when it fails.
+	fastState atomic.Int32
 
 	obs nodeObs // counters and last noted state (stats.go)
 
@@ -48,6 +52,13 @@ type node struct {
 	// the last one most likely died with the server (see Conn.replica).
 	ups atomic.Uint32
 }
+
+// node.fastState values.
+const (
+	fastUnknown int32 = iota
+	fastProbing
+	fastOK
+)
 
 // A failed node is probed after probeBackoffMin, and after each failure in a
 // row twice as long as before, up to probeBackoffMax: a node that is down for

@@ -76,7 +76,8 @@ type protoWriter struct {
 	// fails with failFast.
 	fastFn   uint32
 	failFast bool
-	fastpath int // FunctionCalls received
+	cutFast  bool // hang up at a FunctionCall, unanswered
+	fastpath int  // FunctionCalls received
 }
 
 // fnOID is protoCapture's fourth column: fastFn, or NULL.
@@ -119,6 +120,11 @@ func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 			return nil
 		}
 	}
+	if w.cutFast && callsFunction(b) {
+		w.fastpath++
+		c.Hangup()
+		return nil
+	}
 	if w.holdCapture && (executes(c, b, protoCapture) || executes(c, b, protoCaptureLSN) || callsFunction(b)) {
 		out := w.answer(c, b)
 		for i, m := range out {
@@ -159,6 +165,8 @@ func (w *protoWriter) answer(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 				Cols: []pgfake.Column{{Name: "pg_current_wal_insert_lsn", OID: 3220}, {Name: "current_setting", OID: 25}, {Name: "pg_walfile_name", OID: 25}, {Name: "to_regprocedure", OID: 26}},
 				Rows: [][][]byte{{[]byte(w.lsn), []byte("8192"), []byte(w.walFile()), w.fnOID()}},
 			}
+		case "SELECT 1": // probeFastPath's carrier
+			return pgfake.Result{Cols: []pgfake.Column{{Name: "?column?", OID: 23}}, Rows: [][][]byte{pgfake.Row("1")}}
 		case protoInsert, protoInsertLit:
 			if !q.Describe {
 				w.inserts++
@@ -486,11 +494,11 @@ func TestProtocolAutocommitWriteCarriesCapture(t *testing.T) {
 	}
 }
 
-// Once the first capture has reported pg_current_wal_insert_lsn's OID, a
-// write carries a fast-path FunctionCall of it instead of a prepared
-// statement, and the position it answers is the watermark. A node whose
-// fast path fails gets prepared captures from then on, the failed write's
-// position counting as lost.
+// Once the first capture has reported pg_current_wal_insert_lsn's OID and
+// a probe of pgryw's own has seen a fast-path FunctionCall of it answered,
+// a write carries one instead of a prepared statement, and the position it
+// answers is the watermark. A node whose fast path fails gets prepared
+// captures for a while, the failed write's position read again at once.
 func TestProtocolFastPathCapture(t *testing.T) {
 	pc := newProtoCluster(t, "19devel", "")
 	pc.w.fastFn = 2852
@@ -529,6 +537,7 @@ func TestProtocolFastPathCapture(t *testing.T) {
 	want := [][]string{
 		{"Parse " + protoInsert, "Describe S " + protoInsert, "Sync"},
 		cat(insertExec, capFirst),
+		{"Query SELECT 1", "FunctionCall 2852"}, // the probe, as the connection is handed out again
 		{"Parse " + protoReadWriter, "Describe S " + protoReadWriter, "Sync"},
 		cat(readW, fast),
 		cat(insertExec, fast),
@@ -544,8 +553,8 @@ func TestProtocolFastPathCapture(t *testing.T) {
 	pc.w.mu.Lock()
 	n := pc.w.fastpath
 	pc.w.mu.Unlock()
-	if n != 4 {
-		t.Errorf("%d FunctionCalls arrived, want 4", n)
+	if n != 5 {
+		t.Errorf("%d FunctionCalls arrived, want 5", n)
 	}
 	// The protoReadWriter reads also carry captures (a read on the primary
 	// raises the connection's floor): the first fast-path answer arrived
@@ -556,6 +565,44 @@ func TestProtocolFastPathCapture(t *testing.T) {
 	}
 	if got := pgryw.PoolWatermark(pc.c); got != "0/03000200" {
 		t.Errorf("pool watermark %s, want 0/03000200, from the captures after the failed one", got)
+	}
+}
+
+// A fast-path probe that fails, with an error answer or with the
+// connection dropped at the FunctionCall (something in between that does
+// not take the message), leaves the node's captures prepared, and the
+// application sees nothing of it: a dropped connection is reported bad
+// before it is handed out, and database/sql takes another.
+func TestProtocolFastPathProbeFails(t *testing.T) {
+	for _, drop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("drop=%v", drop), func(t *testing.T) {
+			pc := newProtoCluster(t, "19devel", "")
+			pc.w.fastFn, pc.w.failFast, pc.w.cutFast = 2852, !drop, drop
+			for i := range 3 {
+				if _, err := pc.db.Exec(protoInsert, 1); err != nil {
+					t.Fatalf("write %d: %v", i, err)
+				}
+				var v string
+				if err := pc.db.QueryRow(protoReadWriter, 7).Scan(&v); err != nil || v != "writer" {
+					t.Fatalf("read after write %d: %q, %v", i, v, err)
+				}
+			}
+			var probes, fast int
+			for _, f := range flushes(pc.writer, true) {
+				if slices.Contains(f.msgs, "FunctionCall 2852") {
+					fast++
+					if slices.Contains(f.msgs, "Query SELECT 1") {
+						probes++
+					}
+				}
+			}
+			if probes != 1 || fast != 1 {
+				t.Errorf("%d flushes carried a FunctionCall, %d of them the probe; want the one probe", fast, probes)
+			}
+			if st := pc.c.Stats(); st.CaptureFailures != 0 {
+				t.Errorf("stats %+v: the probe's failure is not a capture's", st)
+			}
+		})
 	}
 }
 
