@@ -413,7 +413,14 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			}
 			cn.c.stats.replicaReads.Add(1)
 			cn.servedReplica(ctx, b.node, cls, query == "")
-			if !trail {
+			switch {
+			case !trail:
+				return false, nil, nil
+			case a.post == nil:
+				// Nothing rides behind the read (one replica: see
+				// trailPolls): nothing to read after its rows, so the
+				// caller's rows need no wrapper to settle it.
+				a.finish()
 				return false, nil, nil
 			}
 			return false, a.finish, nil
