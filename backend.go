@@ -36,7 +36,7 @@ type backend struct {
 	// first capture (0: not yet). Neither changes while a connection to a
 	// primary lives (a primary is never promoted again; a standby's
 	// captures fail until it is), so later captures read the position
-	// alone (captureStmt). Set by whichever goroutine applies the answer.
+	// alone (injectCapture). Set by whichever goroutine applies the answer.
 	walBlock atomic.Uint64
 	walTLI   atomic.Uint32
 	// captureFn is pg_current_wal_insert_lsn's OID on the primary, from the
@@ -287,12 +287,18 @@ func (b *backend) injectCapture(s *slot) *wire.Injection {
 		return b.injectPrepared(s, stmtCapture, sqlCapture)
 	}
 	if fn := b.captureFn.Load(); fn != 0 && b.node.fastState.Load() == fastOK && b.node.fastPathOn() {
-		s.msgs, _ = (&pgproto3.FunctionCall{Function: fn}).Encode(s.msgs[:0]) // text result
-		s.name = stmtCaptureFast
-		s.inj.ResetMessages(s.msgs)
-		return &s.inj
+		return injectFastCapture(s, fn)
 	}
 	return b.injectPrepared(s, stmtCaptureLSN, sqlCaptureLSN)
+}
+
+// injectFastCapture readies in s a fast-path FunctionCall of function fn
+// (pg_current_wal_insert_lsn's OID), with a text result.
+func injectFastCapture(s *slot, fn uint32) *wire.Injection {
+	s.msgs, _ = (&pgproto3.FunctionCall{Function: fn}).Encode(s.msgs[:0])
+	s.name = stmtCaptureFast
+	s.inj.ResetMessages(s.msgs)
+	return &s.inj
 }
 
 // fastCaptureTries is how many fast-path captures in a row may go

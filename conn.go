@@ -5,7 +5,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -156,16 +155,13 @@ func (cn *Conn) probeFastPath(ctx context.Context) error {
 		!b.idle() || !n.fastPathOn() || !n.fastState.CompareAndSwap(fastUnknown, fastProbing) {
 		return nil
 	}
-	s := &b.probe
-	s.msgs, _ = (&pgproto3.FunctionCall{Function: b.captureFn.Load()}).Encode(s.msgs[:0])
-	s.name = stmtCaptureFast
-	s.inj.ResetMessages(s.msgs)
-	b.wire.AppendAfterExec(&s.inj)
+	inj := injectFastCapture(&b.probe, b.captureFn.Load())
+	b.wire.AppendAfterExec(inj)
 	_, _, err := b.control(ctx, "SELECT 1")
-	answered := err == nil && cn.await(ctx, b, &s.inj)
+	answered := err == nil && cn.await(ctx, b, inj)
 	b.wire.Disarm()
-	if answered && s.inj.Err() == nil {
-		if row, null := s.inj.Row(); len(row) == 1 && !null[0] {
+	if answered && inj.Err() == nil {
+		if row, null := inj.Row(); len(row) == 1 && !null[0] {
 			if _, perr := parseInsertLSN(row[0]); perr == nil {
 				n.fastState.Store(fastOK)
 				return nil

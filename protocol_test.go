@@ -556,9 +556,8 @@ func TestProtocolFastPathCapture(t *testing.T) {
 	if n != 5 {
 		t.Errorf("%d FunctionCalls arrived, want 5", n)
 	}
-	// The protoReadWriter reads also carry captures (a read on the primary
-	// raises the connection's floor): the first fast-path answer arrived
-	// behind the second write.
+	// The one error answer is the only capture that failed: the probe's
+	// call is not a capture, and every other was answered.
 	st := pc.c.Stats()
 	if st.CaptureFailures != 1 {
 		t.Errorf("stats %+v, want the one failed fast-path capture", st)

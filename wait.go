@@ -33,8 +33,9 @@ const (
 	// its last replay position, so the position alone cannot tell promotion
 	// from lag.
 	sqlPoll = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
-	// sqlCaptureLSN is sqlCapture's position alone, where the fast-path
-	// call of the function fails.
+	// sqlCaptureLSN is sqlCapture's position alone, for a node where the
+	// fast-path call of the function was not yet seen to work, or failed
+	// (backend.injectCapture).
 	sqlCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
 )
 
@@ -76,8 +77,9 @@ func capture(ctx context.Context, b *backend) (primaryPos, error) {
 	return b.parseCapture(row)
 }
 
-// parseCapture reads a capture's row on b: sqlCapture's, whose block size
-// and timeline b keeps, or sqlCaptureLSN's, which needs them kept.
+// parseCapture reads a capture's row on b: sqlCapture's, whose block size,
+// timeline and function OID b keeps, or the position alone (sqlCaptureLSN's
+// or the fast-path call's), which needs them kept.
 func (b *backend) parseCapture(row []string) (primaryPos, error) {
 	if len(row) == 1 {
 		bs, tli := b.walBlock.Load(), b.walTLI.Load()
@@ -279,7 +281,8 @@ func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn
 const (
 	stmtCapture = "pgryw_capture"
 	// stmtCaptureLSN is the capture once the connection knows the
-	// primary's block size and timeline (backend.captureStmt).
+	// primary's block size and timeline, where the fast path is not taken
+	// (backend.injectCapture).
 	stmtCaptureLSN = "pgryw_lsn"
 	// stmtCaptureFast names no prepared statement: it marks a slot holding
 	// the fast-path call of pg_current_wal_insert_lsn.

@@ -819,9 +819,8 @@ func emptyQuery(q string) bool {
 // for asserting what one flush carried: "Parse <name>", "Bind <name>",
 // "Describe S <name>" or "Describe P", "Execute", "Sync", "Query <text>",
 // "Close S <name>", "Flush", "Terminate", "FunctionCall <oid>", or the
-// message's Go type. label
-// turns a prepared statement's name into what the summary shows (nil shows
-// names as they are; see Conn.Label).
+// message's Go type. label turns a prepared statement's name into what the
+// summary shows (nil shows names as they are; see Conn.Label).
 func Summary(b Batch, label func(name string) string) []string {
 	if label == nil {
 		label = func(name string) string { return name }

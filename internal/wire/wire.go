@@ -4,8 +4,9 @@
 //
 // Conn sits between pgconn and the socket (pgconn.Config.AfterNetConnect, so
 // above TLS). An Injection is one simple-protocol Query message (or
-// prebuilt messages ending in a Sync, or a fast-path FunctionCall, or, chained in front of pgx's
-// extended-protocol messages, an unnamed Parse/Bind/Execute). Prefix sends
+// prebuilt messages ending in a Sync, or a fast-path FunctionCall, or,
+// chained in front of pgx's extended-protocol messages, an unnamed
+// Parse/Bind/Execute). Prefix sends
 // it in front of pgx's next write (a replica's catch-up check ahead of a
 // read); AppendAfterExec sends it behind pgx's next write that executes a
 // statement (the writer's WAL position after the statement's Sync, so after
