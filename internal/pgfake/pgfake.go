@@ -705,9 +705,8 @@ func (c *Conn) Answer(b Batch, f Responder) []pgproto3.BackendMessage {
 			skip = false
 			c.mu.Lock()
 			c.portal = portal{}
-			tx := c.tx
 			c.mu.Unlock()
-			out = append(out, &pgproto3.ReadyForQuery{TxStatus: tx})
+			out = append(out, c.readyForQuery())
 		case *pgproto3.Query:
 			if emptyQuery(m.String) {
 				out = append(out, &pgproto3.EmptyQueryResponse{})
@@ -716,10 +715,7 @@ func (c *Conn) Answer(b Batch, f Responder) []pgproto3.BackendMessage {
 			} else {
 				out = c.appendRows(out, r, true)
 			}
-			c.mu.Lock()
-			tx := c.tx
-			c.mu.Unlock()
-			out = append(out, &pgproto3.ReadyForQuery{TxStatus: tx})
+			out = append(out, c.readyForQuery())
 		case *pgproto3.FunctionCall:
 			codes := make([]int16, len(m.ArgFormatCodes))
 			for i, c := range m.ArgFormatCodes {
@@ -735,10 +731,7 @@ func (c *Conn) Answer(b Batch, f Responder) []pgproto3.BackendMessage {
 				}
 				out = append(out, &pgproto3.FunctionCallResponse{Result: v})
 			}
-			c.mu.Lock()
-			tx := c.tx
-			c.mu.Unlock()
-			out = append(out, &pgproto3.ReadyForQuery{TxStatus: tx})
+			out = append(out, c.readyForQuery())
 		case *pgproto3.Close:
 			if m.ObjectType == 'S' {
 				c.Deallocate(m.Name)
@@ -747,6 +740,13 @@ func (c *Conn) Answer(b Batch, f Responder) []pgproto3.BackendMessage {
 		}
 	}
 	return out
+}
+
+// readyForQuery ends an answer, with the connection's transaction status.
+func (c *Conn) readyForQuery() *pgproto3.ReadyForQuery {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return &pgproto3.ReadyForQuery{TxStatus: c.tx}
 }
 
 // appendRows appends a result: its RowDescription when simple (the extended
