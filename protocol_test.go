@@ -197,6 +197,9 @@ type protoReplica struct {
 	status string   // WAIT FOR LSN's status
 	waits  []string // WAIT FOR texts received
 	reads  int      // executions of protoRead
+	// promoted: the standby was promoted; like PostgreSQL 14 and later it
+	// says so (in_hot_standby off) with its next answer to a read.
+	promoted bool
 }
 
 // replays sets the positions the standby will have replayed when each of
@@ -213,6 +216,13 @@ func (r *protoReplica) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.Backend
 	if !monitorPoll(b) && len(r.next) > 0 {
 		r.replay, r.next = r.next[0], r.next[1:]
 	}
+	if r.promoted && executes(c, b, protoRead) {
+		return append([]pgproto3.BackendMessage{&pgproto3.ParameterStatus{Name: "in_hot_standby", Value: "off"}}, r.answer(c, b)...)
+	}
+	return r.answer(c, b)
+}
+
+func (r *protoReplica) answer(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
 	return c.Answer(b, func(q pgfake.Query) pgfake.Result {
 		switch {
 		case q.SQL == protoPoll:
@@ -602,6 +612,34 @@ func TestProtocolFastPathProbeFails(t *testing.T) {
 				t.Errorf("stats %+v: the probe's failure is not a capture's", st)
 			}
 		})
+	}
+}
+
+// A standby promoted while pgryw holds a connection to it says so with its
+// next answer (in_hot_standby, PostgreSQL 14 and later): that answer stands
+// (it has everything the node replayed), and the next read goes to the
+// primary without waiting for the monitor's next poll.
+func TestProtocolPromotedReplicaSaysSoInAnswer(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "")
+	pgryw.StopMonitor(pc.c)
+	var v string
+	if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "old" {
+		t.Fatalf("read before the promotion: %q, %v", v, err)
+	}
+	pc.r.mu.Lock()
+	pc.r.promoted = true
+	pc.r.mu.Unlock()
+	if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "old" {
+		t.Fatalf("read answered with the promotion: %q, %v; want the replica's answer", v, err)
+	}
+	if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "writer" {
+		t.Fatalf("read after the promotion was reported: %q, %v; want the primary's", v, err)
+	}
+	pc.r.mu.Lock()
+	reads := pc.r.reads
+	pc.r.mu.Unlock()
+	if reads != 2 {
+		t.Errorf("the replica ran %d reads, want 2", reads)
 	}
 }
 
