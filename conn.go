@@ -56,6 +56,18 @@ type Conn struct {
 	// fallbackHeld: this connection holds a max_fallback slot for the read
 	// (or read-only transaction) it is running on the primary.
 	fallbackHeld bool
+
+	// op: the statement onReplica is running (startOp). Kept here rather
+	// than on the caller's stack, where the escape analysis would not keep
+	// it: a replica read allocates nothing of pgryw's own.
+	op replicaOp
+}
+
+// startOp makes o the connection's replicaOp for one onReplica call; the
+// caller clears cn.op when it has taken the answer.
+func (cn *Conn) startOp(o replicaOp) *replicaOp {
+	cn.op = o
+	return &cn.op
 }
 
 // Close implements driver.Conn.
@@ -207,12 +219,10 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 		return nil, err
 	}
 	if toReplica {
-		var res driver.Result
-		onPrimary, done, err := cn.onReplica(ctx, query, &cls, true, func(b *backend) (func(), error) {
-			var err error
-			res, err = b.exec(ctx, query, args)
-			return nil, err
-		})
+		op := cn.startOp(replicaOp{kind: opExec, ctx: ctx, query: query, args: args})
+		onPrimary, done, err := cn.onReplica(ctx, query, &cls, true, op)
+		res := op.res
+		cn.op = replicaOp{}
 		if !onPrimary {
 			if done != nil {
 				done()
@@ -220,6 +230,13 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 			return res, err
 		}
 	}
+	return cn.execPrimary(ctx, query, args, cls, toReplica)
+}
+
+// execPrimary runs ExecContext's statement on the primary. cls is a copy:
+// the primary's bookkeeping keeps a pointer to it, which would otherwise
+// put every replica read's classification on the heap.
+func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool) (driver.Result, error) {
 	ws := cn.beforePrimary(ctx, &cls)
 	res, err := cn.primary.exec(ctx, query, args)
 	if cn.staleRead(&cls, &ws, err) {
@@ -255,15 +272,10 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 		return nil, err
 	}
 	if toReplica {
-		var rows driver.Rows
-		onPrimary, done, err := cn.onReplica(ctx, query, &cls, true, func(b *backend) (func(), error) {
-			var err error
-			rows, err = b.query(ctx, query, args)
-			if err != nil {
-				return nil, err
-			}
-			return func() { rows.Close() }, nil
-		})
+		op := cn.startOp(replicaOp{kind: opQuery, ctx: ctx, query: query, args: args})
+		onPrimary, done, err := cn.onReplica(ctx, query, &cls, true, op)
+		rows := op.rows
+		cn.op = replicaOp{}
 		if !onPrimary {
 			if err != nil || done == nil {
 				if done != nil {
@@ -274,6 +286,12 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 			return &afterRows{Rows: rows, done: func(error) { done() }}, nil
 		}
 	}
+	return cn.queryPrimary(ctx, query, args, cls, toReplica)
+}
+
+// queryPrimary runs QueryContext's statement on the primary; cls is a copy,
+// as in execPrimary.
+func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool) (driver.Rows, error) {
 	ws := cn.beforePrimary(ctx, &cls)
 	rows, err := cn.primary.query(ctx, query, args)
 	if cn.staleRead(&cls, &ws, err) {

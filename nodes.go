@@ -96,6 +96,16 @@ func (n *node) usable(now int64) bool {
 	return !n.notStandby.Load() && !n.down.Load() && n.downUntil.Load() <= now
 }
 
+// usableBy is usable, reading the clock only for a node out of reads until
+// some time.
+func (n *node) usableBy(clock func() int64) bool {
+	if n.notStandby.Load() || n.down.Load() {
+		return false
+	}
+	until := n.downUntil.Load()
+	return until == 0 || until <= clock()
+}
+
 // markDown records that a read found n failing (it could not connect, or
 // its connection failed): n is out of reads until the monitor's probe
 // answers, which it sends after the backoff. Reads that fail together count
@@ -156,16 +166,30 @@ func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) (best *n
 	if n == 0 {
 		return nil, false
 	}
-	now := time.Now().UnixNano()
-	// In uint32: on 32-bit platforms int(next) turns negative past 2^31.
-	start := int(t.next.Add(1) % uint32(n))
+	// The clock is read only when something needs it: a replica out of
+	// reads until some time, a lag bound, or one that has not replayed wm.
+	var now int64
+	clock := func() int64 {
+		if now == 0 {
+			now = time.Now().UnixNano()
+		}
+		return now
+	}
+	start := 0
+	if n > 1 {
+		// In uint32: on 32-bit platforms int(next) turns negative past
+		// 2^31. Not with one replica: an atomic add on a word every
+		// connection of the pool writes costs more than the read's
+		// routing otherwise does.
+		start = int(t.next.Add(1) % uint32(n))
+	}
 	var lost *node
 	for k := 0; k < n; k++ {
 		r := t.replicas[(start+k)%n]
-		if tried&(1<<uint(r.index%64)) != 0 || !r.usable(now) {
+		if tried&(1<<uint(r.index%64)) != 0 || !r.usableBy(clock) {
 			continue
 		}
-		if t.lag.on && !t.lag.allows(r, now) {
+		if t.lag.on && !t.lag.allows(r, clock()) {
 			// Not known to be within max_replica_lag: as good as hopeless.
 			t.lag.skips.Add(1)
 			if lost == nil || r.knownReplay() > lost.knownReplay() {
@@ -176,7 +200,7 @@ func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) (best *n
 		if r.knownReplay() >= wm {
 			return r, false
 		}
-		if t.hopeless(r, wm, budget, now) {
+		if t.hopeless(r, wm, budget, clock()) {
 			if lost == nil || r.knownReplay() > lost.knownReplay() {
 				lost = r
 			}

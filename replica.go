@@ -66,7 +66,11 @@ var errUsePrimary = errors.New("pgryw: use the primary")
 // was passed over for max_waits (and clears *busy).
 func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64, busy **node) (b *backend, check, stale bool, err error) {
 	for {
-		n, hopeless := cn.c.topo.pick(wm, *tried, cn.c.budget(ctx))
+		var budget time.Duration // only a replica behind wm needs it
+		if wm > 0 {
+			budget = cn.c.budget(ctx)
+		}
+		n, hopeless := cn.c.topo.pick(wm, *tried, budget)
 		limit := ""
 		switch {
 		case n == nil && *busy != nil:
@@ -124,18 +128,81 @@ func (cn *Conn) behind(ctx context.Context, n *node, wm lsn.LSN, limit string) e
 
 // attempt is one read on one replica: its answer, until used or discarded.
 type attempt struct {
-	ctx     context.Context
-	cn      *Conn
-	b       *backend
-	run     func(*backend) (func(), error)
-	trail   bool            // a replay poll rides behind the read
-	post    *wire.Injection // that poll, once armed
-	discard func()
-	ran     bool
-	err     error
+	ctx   context.Context
+	cn    *Conn
+	b     *backend
+	op    *replicaOp
+	trail bool            // a replay poll rides behind the read
+	post  *wire.Injection // that poll, once armed
+	ran   bool
+	err   error
 	// unset: the replica refused the connection's settings, which rode in
 	// front of the read; its answer must not be used.
 	unset bool
+}
+
+// opKind is what a replicaOp runs.
+type opKind uint8
+
+const (
+	opQuery opKind = iota // QueryContext: rows
+	opExec                // ExecContext: a result
+	opBegin               // BeginTx: a read-only transaction
+	opEnd                 // the end (COMMIT or ROLLBACK) of one
+)
+
+// replicaOp is the application's statement as an attempt runs it on the
+// replica it chose, and its answer. A struct rather than a closure: it
+// lives on the caller's stack, so a replica read allocates nothing of
+// pgryw's own.
+type replicaOp struct {
+	kind  opKind
+	ctx   context.Context
+	query string
+	args  []driver.NamedValue
+	opts  driver.TxOptions // opBegin
+	end   func() error     // opEnd
+
+	ok   bool // run succeeded: there is an answer to discard
+	rows driver.Rows
+	res  driver.Result
+	tx   driver.Tx
+	on   *backend // opBegin: where tx is open
+}
+
+// run sends the statement on b.
+func (o *replicaOp) run(b *backend) error {
+	var err error
+	switch o.kind {
+	case opQuery:
+		o.rows, err = b.query(o.ctx, o.query, o.args)
+	case opExec:
+		o.res, err = b.exec(o.ctx, o.query, o.args)
+	case opBegin:
+		var t driver.Tx
+		if t, err = b.conn.(driver.ConnBeginTx).BeginTx(o.ctx, o.opts); err == nil {
+			o.tx, o.on = t, b
+		}
+	case opEnd:
+		err = o.end()
+	}
+	o.ok = err == nil
+	return err
+}
+
+// discard throws away an answer that will not be used.
+func (o *replicaOp) discard() {
+	if !o.ok {
+		return
+	}
+	o.ok = false
+	switch o.kind {
+	case opQuery:
+		o.rows.Close()
+	case opBegin:
+		o.tx.Rollback()
+		o.tx = nil
+	}
 }
 
 func (a *attempt) read() {
@@ -149,7 +216,7 @@ func (a *attempt) read() {
 			w.AppendAfterExec(a.post)
 		}
 	}
-	a.discard, a.err = a.run(a.b)
+	a.err = a.op.run(a.b)
 	a.ran = true
 	if w := a.b.wire; w != nil {
 		w.Disarm()
@@ -163,14 +230,12 @@ func (a *attempt) read() {
 // execution then fails with "cached plan must not change result type"
 // before running, and onReplica reads again.
 func (a *attempt) drop() {
-	if a.discard != nil {
-		a.discard()
-	}
+	a.op.discard()
 	if a.post != nil {
 		a.cn.await(a.ctx, a.b, a.post) // its slot is about to be reused
 		a.post = nil
 	}
-	a.discard, a.err, a.ran = nil, nil, false
+	a.err, a.ran = nil, false
 }
 
 // finish settles a read that was served: it reads the replay position that
@@ -181,15 +246,21 @@ func (a *attempt) drop() {
 // replica read, which is the first to need the floor, settles it
 // (settlePoll).
 func (a *attempt) finish() {
-	cn, b, inj := a.cn, a.b, a.post
+	inj := a.post
 	a.post = nil
+	a.cn.finishRead(a.ctx, a.b, inj, a.trail)
+}
+
+// finishRead is attempt.finish, by value: a read whose rows are still open
+// calls it when they are closed, after its attempt is gone.
+func (cn *Conn) finishRead(ctx context.Context, b *backend, inj *wire.Injection, trail bool) {
 	if inj == nil {
 		switch {
-		case !a.trail || !cn.c.cfg.ReadYourWrites:
+		case !trail || !cn.c.cfg.ReadYourWrites:
 		case !cn.c.trailPolls():
 			cn.unbounded = b
 		case b.wire != nil:
-			cn.markLost(a.ctx, false)
+			cn.markLost(ctx, false)
 		}
 		return
 	}
@@ -199,7 +270,7 @@ func (a *attempt) finish() {
 		cn.poll = pendingPoll{b: b, inj: inj}
 		return
 	}
-	cn.applyPoll(a.ctx, b, inj)
+	cn.applyPoll(ctx, b, inj)
 }
 
 // trailPolls reports whether a replay poll rides behind each replica read to
@@ -279,7 +350,7 @@ const pipelinedAttempts = 4
 // the read, and the read's answer is used only if the check passed; a failed
 // check means discarding the answer (whatever it was, even an error: a table
 // created a moment ago may not exist there yet), waiting, and reading again.
-// run performs the read on a backend and returns how to discard its answer.
+// op is the read, which each attempt runs on its backend, and its answer.
 // With trail, a replay poll rides behind the read; done, when not nil, must
 // be called once the read's answer has been consumed (at once for Exec, when
 // its rows are closed for Query) to learn what the read saw. A read-only
@@ -290,7 +361,7 @@ const pipelinedAttempts = 4
 // refused it as a write (SQLSTATE 25006, which means nothing ran; cls is
 // updated). A replica whose connection fails is dropped and the next one
 // tried: a read is safe to send again.
-func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, trail bool, run func(*backend) (func(), error)) (onPrimary bool, done func(), err error) {
+func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, trail bool, op *replicaOp) (onPrimary bool, done func(), err error) {
 	cn.obs = stmtObs{}
 	// The connection's own write may have returned before its position
 	// arrived (deferred.go). A poll in front of the read does not need the
@@ -344,7 +415,8 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			}
 			check = wm > 0 && b.node.knownReplay() < wm
 		}
-		a := &attempt{ctx: ctx, cn: cn, b: b, run: run, trail: trail}
+		att := attempt{ctx: ctx, cn: cn, b: b, op: op, trail: trail} // on the stack: see the trail case below
+		a := &att
 		res, chkErr := waitOK, error(nil)
 		switch {
 		case check || spec != nil && !stale:
@@ -423,7 +495,8 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 				a.finish()
 				return false, nil, nil
 			}
-			return false, a.finish, nil
+			inj := a.post
+			return false, func() { cn.finishRead(ctx, b, inj, true) }, nil
 		}
 		if ctx.Err() != nil {
 			err := a.err

@@ -89,19 +89,11 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 		// of it, so the snapshot, taken by the transaction's first
 		// statement, is no older than the watermark. A failed check rolls
 		// the transaction back before anything ran in it.
-		var (
-			inner driver.Tx
-			on    *backend
-			none  sqlclass.Result
-		)
-		onPrimary, _, err := cn.onReplica(ctx, "", &none, false, func(b *backend) (func(), error) {
-			t, err := b.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
-			if err != nil {
-				return nil, err
-			}
-			inner, on = t, b
-			return func() { t.Rollback(); inner = nil }, nil
-		})
+		var none sqlclass.Result
+		op := cn.startOp(replicaOp{kind: opBegin, ctx: ctx, opts: opts})
+		onPrimary, _, err := cn.onReplica(ctx, "", &none, false, op)
+		inner, on := op.tx, op.on
+		cn.op = replicaOp{}
 		if err != nil {
 			return nil, err
 		}
@@ -224,10 +216,12 @@ func (t *tx) end(f func() error, commit bool) error {
 		return err
 	}
 	if t.onReplica {
-		a := &attempt{ctx: t.ctx, cn: cn, b: t.b, trail: true, run: func(*backend) (func(), error) { return nil, f() }}
+		op := cn.startOp(replicaOp{kind: opEnd, ctx: t.ctx, end: f})
+		a := &attempt{ctx: t.ctx, cn: cn, b: t.b, trail: true, op: op}
 		a.read()
 		err := a.err
 		a.finish()
+		cn.op = replicaOp{}
 		if t.tainted {
 			cn.dropReplica(t.b)
 		}

@@ -1,0 +1,73 @@
+package pgryw_test
+
+import (
+	"database/sql"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/pgryw/pgryw/internal/pgtest"
+)
+
+// threadCPU returns the CPU time the calling OS thread has used
+// (CLOCK_THREAD_CPUTIME_ID), user and system.
+func threadCPU() time.Duration {
+	var ts syscall.Timespec
+	syscall.Syscall(syscall.SYS_CLOCK_GETTIME, 3, uintptr(unsafe.Pointer(&ts)), 0) // 3: CLOCK_THREAD_CPUTIME_ID
+	return time.Duration(ts.Nano())
+}
+
+// BenchmarkReplicaReadCPU measures what BenchmarkReplicaReadOverhead times,
+// in CPU instead: the CPU time the benchmark's thread (locked to it) spends
+// on one replica read with no watermark pending, through pgx's driver and
+// through pgryw, alternating. Latency on an idle machine hides client CPU
+// under the round trip; on a busy one (rywbench at 4 workers on 2 cores)
+// every microsecond of it is a microsecond the servers do not get. The
+// thread's clock counts the system calls the read makes on it, not the
+// work of the Go runtime's other threads (the network poller's wakeups).
+func BenchmarkReplicaReadCPU(b *testing.B) {
+	pgtest.Require(b, cluster)
+	plain, err := sql.Open("pgx", cluster.ReplicaDSN(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer plain.Close()
+	ryw, err := sql.Open("pgryw", cluster.WriterDSN()+"&replicas="+cluster.ReplicaAddrs()[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ryw.Close()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var v int
+	run := func(db *sql.DB) time.Duration {
+		start := threadCPU()
+		if err := db.QueryRow("SELECT $1::int + 1", 41).Scan(&v); err != nil {
+			b.Fatal(err)
+		}
+		return threadCPU() - start
+	}
+	for i := 0; i < 200; i++ {
+		run(plain)
+		run(ryw)
+	}
+	var cPlain, cRyw time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%2 == 0 {
+			cPlain += run(plain)
+			cRyw += run(ryw)
+		} else {
+			cRyw += run(ryw)
+			cPlain += run(plain)
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(cPlain.Nanoseconds())/n, "pgx-cpu-ns")
+	b.ReportMetric(float64(cRyw.Nanoseconds())/n, "pgryw-cpu-ns")
+	b.ReportMetric(float64((cRyw-cPlain).Nanoseconds())/n, "extra-cpu-ns")
+	b.ReportMetric(float64(cRyw)/float64(cPlain), "pgryw/pgx-cpu")
+}
