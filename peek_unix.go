@@ -41,13 +41,6 @@ func newSockPeek(nc net.Conn) *sockPeek {
 	return p
 }
 
-// peekFD is one recv(2) of a byte with MSG_PEEK (the byte stays for pgx)
-// and MSG_DONTWAIT. It runs through RawConn.Control, which does not wait
-// for the socket to become readable nor for a read in progress elsewhere.
-func (p *sockPeek) peekFD(fd uintptr) {
-	p.n, _, p.err = syscall.Recvfrom(int(fd), p.buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-}
-
 // gone reports that the server has ended an idle connection: its socket
 // holds the end of the stream or a reset, or, as the first thing waiting, a
 // message a server sends an idle client only as it terminates the session
