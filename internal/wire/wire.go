@@ -27,6 +27,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -143,7 +144,7 @@ type Conn struct {
 	queue        []segment // answers still to come, in order; empty: pass all
 	pending      []byte    // pass-through bytes read by Await, for pgx's next Read
 	wbuf         []byte
-	sent         uint64        // bytes of the caller's that went out
+	sent         atomic.Uint64 // bytes of the caller's that went out
 	notices      uint64        // NoticeResponses passed to pgx
 	reading      bool          // a Read or Await is on the socket
 	readDeadline time.Time     // pgx's read deadline, restored after an Await
@@ -251,9 +252,7 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 }
 
 func (c *Conn) countSent(n int) {
-	c.mu.Lock()
-	c.sent += uint64(n)
-	c.mu.Unlock()
+	c.sent.Add(uint64(n))
 }
 
 // Notices counts the NoticeResponse messages (warnings included) passed on
@@ -270,9 +269,7 @@ func (c *Conn) Notices() uint64 {
 // (pgx v5.12 says so of a read that failed after the statement was sent)
 // did reach the server if Sent moved while it ran.
 func (c *Conn) Sent() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.sent
+	return c.sent.Load()
 }
 
 // callerBytes turns a write of n bytes of our buffer (lead bytes of
@@ -429,6 +426,18 @@ func isAsync(t byte) bool { return t == 'S' || t == 'N' || t == 'A' }
 func (c *Conn) filter(p []byte) int {
 	w := 0
 	for i := 0; i < len(p); {
+		if c.hdrN == 0 && len(c.queue) == 0 && w == i {
+			// Nothing of pgryw's is due: whole messages pass as they
+			// are, header and body, with nothing to copy or keep. The
+			// usual case, every answer of a connection with nothing
+			// riding along; the loop below takes a message split
+			// across reads, and the rest once something is due.
+			if n := wholeMessages(p[i:], &c.notices); n > 0 {
+				i += n
+				w = i
+				continue
+			}
+		}
 		if c.hdrN < 5 {
 			b := p[i]
 			if c.hdrN == 0 {
@@ -478,6 +487,23 @@ func (c *Conn) filter(p []byte) int {
 		}
 	}
 	return w
+}
+
+// wholeMessages returns how many bytes at the start of p are whole
+// messages, counting the NoticeResponses among them.
+func wholeMessages(p []byte, notices *uint64) int {
+	i := 0
+	for len(p)-i >= 5 {
+		l := uint64(binary.BigEndian.Uint32(p[i+1 : i+5]))
+		if l < 4 || l > uint64(len(p)-i-1) {
+			break // split across reads (or a length pgx will refuse)
+		}
+		if p[i] == 'N' {
+			*notices++
+		}
+		i += 1 + int(l)
+	}
+	return i
 }
 
 func (c *Conn) endMessage() {

@@ -42,8 +42,10 @@ func encF(t *testing.T, msgs ...pgproto3.FrontendMessage) []byte {
 	return b
 }
 
-// chunked is a net.Conn whose reads return its data in random small pieces
-// and whose writes are recorded.
+// chunked is a net.Conn whose reads return its data in random pieces,
+// mostly small (1 to 7 bytes: a message's header split anywhere), one in
+// three up to everything left (whole messages, which filter passes without
+// looking at their bodies), and whose writes are recorded.
 type chunked struct {
 	net.Conn
 	data    []byte
@@ -56,6 +58,9 @@ func (c *chunked) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	n := 1 + c.rng.Intn(min(len(c.data), 7))
+	if c.rng.Intn(3) == 0 {
+		n = 1 + c.rng.Intn(len(c.data))
+	}
 	n = copy(p, c.data[:n])
 	c.data = c.data[n:]
 	return n, nil
@@ -222,6 +227,33 @@ func TestNothingArmedIsTransparent(t *testing.T) {
 	got, _ := io.ReadAll(c)
 	if !bytes.Equal(got, data) || !bytes.Equal(under.written.Bytes(), w) {
 		t.Fatal("changed bytes with nothing armed")
+	}
+}
+
+// With nothing armed, every message reaches pgx as it came, and the
+// notices among them are counted, however the bytes are chunked.
+func TestNothingArmedCountsNotices(t *testing.T) {
+	data := enc(t,
+		&pgproto3.NoticeResponse{Message: "one"},
+		&pgproto3.BindComplete{},
+		&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("v")}}},
+		&pgproto3.DataRow{Values: [][]byte{bytes.Repeat([]byte("x"), 300)}},
+		&pgproto3.NoticeResponse{Message: "two"},
+		&pgproto3.DataRow{Values: [][]byte{nil}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 2")},
+		&pgproto3.NoticeResponse{Message: "three"},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	for seed := int64(0); seed < 200; seed++ {
+		under := &chunked{data: append([]byte{}, data...), rng: rand.New(rand.NewSource(seed))}
+		c := Wrap(under)
+		got, _ := io.ReadAll(c)
+		if !bytes.Equal(got, data) {
+			t.Fatalf("seed %d: pgx saw\n%q\nwant\n%q", seed, got, data)
+		}
+		if n := c.Notices(); n != 3 {
+			t.Fatalf("seed %d: %d notices counted, want 3", seed, n)
+		}
 	}
 }
 
