@@ -388,6 +388,9 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 	}
 	var gen generation
 	if csPos > 0 {
+		if err := cn.checkPrimary(ctx); err != nil {
+			return 0, err
+		}
 		gen = cn.c.generationOf(ctx, cn.primary)
 	}
 	foreign := csPos > 0 && csGen != gen
@@ -401,6 +404,9 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 			if err := cn.settlePending(ctx, true); err != nil {
 				return 0, err
 			}
+		}
+		if err := cn.checkPrimary(ctx); err != nil {
+			return 0, err
 		}
 		seen := cn.lostSeen(ctx)
 		p, err := capture(ctx, cn.primary)
@@ -456,12 +462,18 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 // (SET, LISTEN, ...) is not tracked: run such statements through
 // database/sql, or pin reads with WithPrimary.
 func (cn *Conn) RunOnPrimary(ctx context.Context, f func(*pgx.Conn) error) error {
-	sc, ok := cn.primary.conn.(*stdlib.Conn)
-	if !ok {
+	if _, ok := cn.primary.conn.(*stdlib.Conn); !ok {
 		return errors.New("pgryw: RunOnPrimary needs a pgx connection")
 	}
 	if err := cn.settlePending(ctx, true); err != nil {
 		return err
+	}
+	if err := cn.checkPrimary(ctx); err != nil {
+		return err
+	}
+	sc, ok := cn.primary.conn.(*stdlib.Conn)
+	if !ok {
+		return errors.New("pgryw: RunOnPrimary needs a pgx connection")
 	}
 	if cn.resetPending && cn.primary.idle() {
 		cn.resetPending = false

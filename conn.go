@@ -45,6 +45,11 @@ type Conn struct {
 	// statement on the primary.
 	resetPending bool
 
+	// checkDue: database/sql has handed the connection out again, and
+	// nothing has been sent on the primary connection since
+	// (checkPrimary).
+	checkDue bool
+
 	// blockWrote: a transaction block opened with an Exec'd BEGIN has run a
 	// statement that may write, so its COMMIT moves the watermark.
 	blockWrote bool
@@ -111,18 +116,19 @@ func (cn *Conn) Ping(ctx context.Context) error {
 	if err := cn.settlePending(ctx, false); err != nil {
 		return err
 	}
+	if err := cn.checkPrimary(ctx); err != nil {
+		return err
+	}
 	if p, ok := cn.primary.conn.(driver.Pinger); ok {
 		return p.Ping(ctx)
 	}
 	return nil
 }
 
-// ResetSession implements driver.SessionResetter. It checks the primary
-// connection (replica connections are checked when a read uses them) and
-// drops replica connections that have failed. A primary connection the
-// server has ended while it sat in the pool (the writer died or was shut
-// down, as in a failover) is reported bad before anything is sent on it,
-// so database/sql takes another, which reaches the writer there is now.
+// ResetSession implements driver.SessionResetter. It drops replica
+// connections that have failed (the others are checked when a read uses
+// them) and arranges for the primary connection to be checked before
+// anything is sent on it (checkPrimary).
 func (cn *Conn) ResetSession(ctx context.Context) error {
 	if err := cn.settlePending(ctx, false); err != nil {
 		return err
@@ -133,9 +139,7 @@ func (cn *Conn) ResetSession(ctx context.Context) error {
 			cn.replicas[i] = nil
 		}
 	}
-	if cn.primary.gone() {
-		return driver.ErrBadConn
-	}
+	cn.checkDue = true
 	if err := cn.probeFastPath(ctx); err != nil {
 		return err
 	}
@@ -147,6 +151,51 @@ func (cn *Conn) ResetSession(ctx context.Context) error {
 	if cn.c.cfg.ResetSession && !cn.c.plain {
 		return cn.resetState(ctx)
 	}
+	return nil
+}
+
+// checkPrimary looks, once per hand-out and before the first statement on
+// the primary connection, whether the server has ended it while it sat
+// idle in the pool (the writer died or was shut down, as in a failover, or
+// the session was terminated): a non-blocking look at its socket
+// (backend.gone). Such a connection is replaced, before anything is sent
+// on it, by a new one to the writer there is now, and the statement runs
+// there, with no error: whatever session state the ended session held is
+// gone with it, as it would be with the new connection database/sql would
+// otherwise take. A read routed to a replica does not look: it sends
+// nothing on the primary, and the look, a system call, was a quarter of
+// what such a read cost pgryw beyond pgx.
+//
+// If the new connection cannot be made, the statement gets
+// driver.ErrBadConn: nothing was sent, and database/sql runs it again on
+// another connection (within a sql.Conn it cannot: the caller gets the
+// error, as with any dead connection).
+func (cn *Conn) checkPrimary(ctx context.Context) error {
+	if !cn.checkDue {
+		return nil
+	}
+	cn.checkDue = false
+	if !cn.primary.gone() {
+		return nil
+	}
+	old := cn.primary
+	if cn.pending != nil {
+		cn.pending.abandon()
+		cn.pending = nil
+	}
+	old.close()
+	dc, err := cn.c.dial(ctx, cn.c.topo.primary)
+	if err != nil {
+		return driver.ErrBadConn
+	}
+	cn.primary = newBackend(dc, cn.c.topo.primary)
+	// The ended session's state went with it.
+	if set := &cn.sess.set; len(set.names) > 0 || len(set.tracked) > 0 {
+		set.names, set.values, set.tracked = nil, nil, nil
+		set.version++
+	}
+	cn.setPins(0, "primary connection replaced")
+	cn.resetPending, cn.blockWrote = false, false
 	return nil
 }
 
@@ -164,7 +213,13 @@ func (cn *Conn) probeFastPath(ctx context.Context) error {
 	b := cn.primary
 	n := b.node
 	if b.wire == nil || cn.pending != nil || b.captureFn.Load() == 0 || n.fastState.Load() != fastUnknown ||
-		!b.idle() || !n.fastPathOn() || !n.fastState.CompareAndSwap(fastUnknown, fastProbing) {
+		!b.idle() || !n.fastPathOn() {
+		return nil
+	}
+	if err := cn.checkPrimary(ctx); err != nil || cn.primary != b {
+		return err // replaced: the new connection has not read the OID yet
+	}
+	if !n.fastState.CompareAndSwap(fastUnknown, fastProbing) {
 		return nil
 	}
 	inj := injectFastCapture(&b.probe, b.captureFn.Load())
@@ -237,6 +292,9 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 // the primary's bookkeeping keeps a pointer to it, which would otherwise
 // put every replica read's classification on the heap.
 func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool) (driver.Result, error) {
+	if err := cn.checkPrimary(ctx); err != nil {
+		return nil, err
+	}
 	ws := cn.beforePrimary(ctx, &cls)
 	res, err := cn.primary.exec(ctx, query, args)
 	if cn.staleRead(&cls, &ws, err) {
@@ -292,6 +350,9 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 // queryPrimary runs QueryContext's statement on the primary; cls is a copy,
 // as in execPrimary.
 func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool) (driver.Rows, error) {
+	if err := cn.checkPrimary(ctx); err != nil {
+		return nil, err
+	}
 	ws := cn.beforePrimary(ctx, &cls)
 	rows, err := cn.primary.query(ctx, query, args)
 	if cn.staleRead(&cls, &ws, err) {

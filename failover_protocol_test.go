@@ -2,6 +2,7 @@ package pgryw_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -67,6 +68,62 @@ func TestProtocolDeadIdleWriterConnection(t *testing.T) {
 				t.Fatalf("%d writer connections, want %d", len(conns), want)
 			}
 			if tc.dies && len(first.Batches()) != flushes {
+				t.Errorf("the ended connection received %d flushes after it ended", len(first.Batches())-flushes)
+			}
+		})
+	}
+}
+
+// The same within a sql.Conn, where database/sql cannot take another
+// connection for a statement that fails with driver.ErrBadConn: the ended
+// writer connection is found before the first statement on it and
+// replaced under the caller, who sees no error. A read routed to the
+// replica first does not look at the writer connection (it sends nothing
+// there); the write after it does.
+func TestProtocolDeadIdleWriterConnectionInSQLConn(t *testing.T) {
+	for _, readFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("read first %v", readFirst), func(t *testing.T) {
+			pc := newProtoCluster(t, "15.4", "")
+			pc.r.replays(protoLSN)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for i := 0; i < 2; i++ {
+				if _, err := pc.db.ExecContext(ctx, protoInsert, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			first := pc.writer.Conns()[0]
+			flushes := len(first.Batches())
+			first.Hangup()
+			<-first.Done()
+			time.Sleep(10 * time.Millisecond) // for the close to cross loopback
+			conn, err := pc.db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if readFirst {
+				var v string
+				if err := conn.QueryRowContext(ctx, protoRead, 7).Scan(&v); err != nil || v != "new" {
+					t.Fatalf("replica read: %q, %v", v, err)
+				}
+				if len(pc.writer.Conns()) != 1 {
+					t.Fatal("the replica read opened a writer connection")
+				}
+			}
+			if _, err := conn.ExecContext(ctx, protoInsert, 2); err != nil {
+				t.Fatalf("write in a sql.Conn after its idle writer connection ended: %v", err)
+			}
+			pc.w.mu.Lock()
+			inserts := pc.w.inserts
+			pc.w.mu.Unlock()
+			if inserts != 3 {
+				t.Errorf("the writer received %d INSERTs, want 3", inserts)
+			}
+			if n := len(pc.writer.Conns()); n != 2 {
+				t.Errorf("%d writer connections, want 2", n)
+			}
+			if len(first.Batches()) != flushes {
 				t.Errorf("the ended connection received %d flushes after it ended", len(first.Batches())-flushes)
 			}
 		})

@@ -305,6 +305,12 @@ func (cn *Conn) resetState(ctx context.Context) error {
 		return nil
 	}
 	if cn.pins&(pinLock|pinPrepared|pinUnread) != 0 {
+		if err := cn.checkPrimary(ctx); err != nil {
+			return err
+		}
+		if w = cn.primary; cn.pins == 0 {
+			return nil // replaced: a new session has nothing to reset
+		}
 		if _, _, err := w.control(ctx, sqlReset+"; SELECT 1"); err != nil {
 			return driver.ErrBadConn // database/sql closes it
 		}

@@ -102,6 +102,9 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 			return cn.tx, nil
 		}
 	}
+	if err := cn.checkPrimary(ctx); err != nil {
+		return nil, err
+	}
 	reset := cn.armReset()
 	inner, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 	if reset != nil {
@@ -178,6 +181,10 @@ func (t *tx) moveToPrimary() error {
 	t.cn.fellBackFrom(t.b.node, FallbackRefused)
 	t.inner.Rollback()
 	cn := t.cn
+	if err := cn.checkPrimary(t.ctx); err != nil {
+		cn.tx = nil
+		return err
+	}
 	inner, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(t.ctx, t.opts)
 	if err != nil {
 		cn.tx = nil
