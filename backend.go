@@ -53,6 +53,13 @@ type backend struct {
 
 	major int // server major version; 0 when unknown
 
+	// stillStandby's answer, and the wire layer's ParameterStatus count
+	// when it was read; settled: the count had not moved since the call
+	// before, so pgx had applied every status counted.
+	standby       bool
+	statusesAt    uint64
+	statusSettled bool
+
 	// peek sees, without waiting, whether the server has ended the
 	// (idle) connection; nil when it cannot (no wire layer, a test's
 	// wrapper, a platform without it).
@@ -120,8 +127,27 @@ func (b *backend) idle() bool {
 
 // stillStandby reports what the server last said about recovery. Servers
 // ≥ 14 update in_hot_standby with the first answer after a promotion.
+//
+// It runs after every replica read, and pgx's parameter map is a string
+// lookup: with the wire layer, the answer is looked up again only when a
+// ParameterStatus has passed to pgx since the last call, and once more on
+// the call after (pgx applies a status when it reads it, which can be
+// after the read that counted it returned: the server sends changed
+// statuses just before ReadyForQuery, behind the rows).
 func (b *backend) stillStandby() bool {
-	return b.pg == nil || b.pg.ParameterStatus("in_hot_standby") != "off"
+	if b.pg == nil {
+		return true
+	}
+	if b.wire != nil {
+		n := b.wire.Statuses()
+		if n == b.statusesAt && b.statusSettled {
+			return b.standby
+		}
+		b.statusSettled = n == b.statusesAt
+		b.statusesAt = n
+	}
+	b.standby = b.pg.ParameterStatus("in_hot_standby") != "off"
+	return b.standby
 }
 
 func (b *backend) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {

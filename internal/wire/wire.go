@@ -146,6 +146,7 @@ type Conn struct {
 	wbuf         []byte
 	sent         atomic.Uint64 // bytes of the caller's that went out
 	notices      uint64        // NoticeResponses passed to pgx
+	statuses     atomic.Uint64 // ParameterStatus messages passed to pgx
 	reading      bool          // a Read or Await is on the socket
 	readDeadline time.Time     // pgx's read deadline, restored after an Await
 	waiter       chan struct{} // closed when that read returns, if someone waits
@@ -263,6 +264,11 @@ func (c *Conn) Notices() uint64 {
 	defer c.mu.Unlock()
 	return c.notices
 }
+
+// Statuses counts the ParameterStatus messages passed on to pgx (which
+// applies each when it reads it, possibly after the read that counted it
+// has returned). It may be called from any goroutine.
+func (c *Conn) Statuses() uint64 { return c.statuses.Load() }
 
 // Sent counts the bytes of the caller's (pgx's) that have gone out on the
 // socket. A statement that failed with an error pgx calls safe to retry
@@ -432,7 +438,7 @@ func (c *Conn) filter(p []byte) int {
 			// usual case, every answer of a connection with nothing
 			// riding along; the loop below takes a message split
 			// across reads, and the rest once something is due.
-			if n := wholeMessages(p[i:], &c.notices); n > 0 {
+			if n := wholeMessages(p[i:], &c.notices, &c.statuses); n > 0 {
 				i += n
 				w = i
 				continue
@@ -450,6 +456,9 @@ func (c *Conn) filter(p []byte) int {
 				c.curKeep = c.curStrip || chainErr
 				if b == 'N' && !c.curStrip {
 					c.notices++
+				}
+				if b == 'S' && !c.curStrip {
+					c.statuses.Add(1)
 				}
 			}
 			c.hdr[c.hdrN] = b
@@ -490,16 +499,19 @@ func (c *Conn) filter(p []byte) int {
 }
 
 // wholeMessages returns how many bytes at the start of p are whole
-// messages, counting the NoticeResponses among them.
-func wholeMessages(p []byte, notices *uint64) int {
+// messages, counting the NoticeResponses and ParameterStatuses among them.
+func wholeMessages(p []byte, notices *uint64, statuses *atomic.Uint64) int {
 	i := 0
 	for len(p)-i >= 5 {
 		l := uint64(binary.BigEndian.Uint32(p[i+1 : i+5]))
 		if l < 4 || l > uint64(len(p)-i-1) {
 			break // split across reads (or a length pgx will refuse)
 		}
-		if p[i] == 'N' {
+		switch p[i] {
+		case 'N':
 			*notices++
+		case 'S':
+			statuses.Add(1)
 		}
 		i += 1 + int(l)
 	}

@@ -231,9 +231,11 @@ func TestNothingArmedIsTransparent(t *testing.T) {
 }
 
 // With nothing armed, every message reaches pgx as it came, and the
-// notices among them are counted, however the bytes are chunked.
+// notices and parameter statuses among them are counted, however the
+// bytes are chunked.
 func TestNothingArmedCountsNotices(t *testing.T) {
 	data := enc(t,
+		&pgproto3.ParameterStatus{Name: "in_hot_standby", Value: "off"},
 		&pgproto3.NoticeResponse{Message: "one"},
 		&pgproto3.BindComplete{},
 		&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("v")}}},
@@ -242,6 +244,7 @@ func TestNothingArmedCountsNotices(t *testing.T) {
 		&pgproto3.DataRow{Values: [][]byte{nil}},
 		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 2")},
 		&pgproto3.NoticeResponse{Message: "three"},
+		&pgproto3.ParameterStatus{Name: "application_name", Value: "x"},
 		&pgproto3.ReadyForQuery{TxStatus: 'I'},
 	)
 	for seed := int64(0); seed < 200; seed++ {
@@ -253,6 +256,9 @@ func TestNothingArmedCountsNotices(t *testing.T) {
 		}
 		if n := c.Notices(); n != 3 {
 			t.Fatalf("seed %d: %d notices counted, want 3", seed, n)
+		}
+		if n := c.Statuses(); n != 2 {
+			t.Fatalf("seed %d: %d parameter statuses counted, want 2", seed, n)
 		}
 	}
 }
