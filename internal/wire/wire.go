@@ -67,35 +67,46 @@ type Injection struct {
 	mu *sync.Mutex
 }
 
-func (in *Injection) lock() func() {
-	if in.mu == nil {
-		return func() {}
+// lock and unlock take the Conn's lock, if in was armed on one. (Not a
+// returned closure: a method value of in.mu allocates on every call, and
+// these run several times per statement.)
+func (in *Injection) lock() {
+	if in.mu != nil {
+		in.mu.Lock()
 	}
-	in.mu.Lock()
-	return in.mu.Unlock
+}
+
+func (in *Injection) unlock() {
+	if in.mu != nil {
+		in.mu.Unlock()
+	}
 }
 
 // Sent reports whether the statement went out on the wire.
 func (in *Injection) Sent() bool {
-	defer in.lock()()
+	in.lock()
+	defer in.unlock()
 	return in.sent
 }
 
 // Done reports whether its whole answer has arrived.
 func (in *Injection) Done() bool {
-	defer in.lock()()
+	in.lock()
+	defer in.unlock()
 	return in.done
 }
 
 // Row returns the first row's values as text and which were NULL.
 func (in *Injection) Row() ([]string, []bool) {
-	defer in.lock()()
+	in.lock()
+	defer in.unlock()
 	return in.row, in.null
 }
 
 // Err returns the server's error for the statement, if any.
 func (in *Injection) Err() error {
-	defer in.lock()()
+	in.lock()
+	defer in.unlock()
 	if in.err != nil {
 		return in.err
 	}
@@ -141,8 +152,9 @@ type Conn struct {
 	mu           sync.Mutex
 	prefix       []*Injection // in the order they go out
 	suffix       []*Injection
-	queue        []segment // answers still to come, in order; empty: pass all
-	pending      []byte    // pass-through bytes read by Await, for pgx's next Read
+	queue        []segment  // answers still to come, in order; empty: pass all
+	qbuf         [4]segment // queue's usual backing array (popping from the front shrinks its capacity)
+	pending      []byte     // pass-through bytes read by Await, for pgx's next Read
 	wbuf         []byte
 	sent         atomic.Uint64 // bytes of the caller's that went out
 	notices      uint64        // NoticeResponses passed to pgx
@@ -162,7 +174,11 @@ type Conn struct {
 }
 
 // Wrap wraps c.
-func Wrap(c net.Conn) *Conn { return &Conn{Conn: c} }
+func Wrap(c net.Conn) *Conn {
+	w := &Conn{Conn: c}
+	w.queue = w.qbuf[:0]
+	return w
+}
 
 // Prefix arms in to be sent ahead of pgx's next write, after any injection
 // armed before it.
@@ -303,6 +319,20 @@ func (c *Conn) trimQueue() {
 		n--
 	}
 	c.queue = c.queue[:n]
+	if n == 0 {
+		c.queue = c.qbuf[:0]
+	}
+}
+
+// popQueue drops the segment whose answer is complete. An emptied queue
+// goes back to its own array: each statement's segments would otherwise
+// take a new one.
+func (c *Conn) popQueue() {
+	c.queue[0] = segment{}
+	c.queue = c.queue[1:]
+	if len(c.queue) == 0 {
+		c.queue = c.qbuf[:0]
+	}
 }
 
 // scanFrontend walks pgx's messages: how many end in a ReadyForQuery (Sync,
@@ -554,12 +584,12 @@ func (c *Conn) endMessage() {
 		switch {
 		case s.strip && s.inj.chained && (t == 'C' || t == 'E' || t == 'I'):
 			s.inj.done = true
-			c.queue = c.queue[1:]
+			c.popQueue()
 		case t == 'Z':
 			if s.strip {
 				s.inj.done = true
 			}
-			c.queue = c.queue[1:]
+			c.popQueue()
 		}
 	}
 }
