@@ -30,7 +30,7 @@ import (
 // primaryStmt is one statement run on the primary outside a database/sql
 // transaction, from before it is sent until its outcome is known.
 type primaryStmt struct {
-	cls        *sqlclass.Result
+	cls        sqlclass.Result // a copy: a pointer to the caller's would put it on the heap
 	idleBefore bool
 	commits    bool            // it may commit a write (read_your_writes on)
 	reset      *wire.Injection // reset_session's reset in front of it, when armed
@@ -80,7 +80,7 @@ func (cn *Conn) beforePrimary(ctx context.Context, cls *sqlclass.Result) primary
 
 func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, commits bool) primaryStmt {
 	w := cn.primary
-	ws := primaryStmt{cls: cls, idleBefore: w.idle()}
+	ws := primaryStmt{cls: *cls, idleBefore: w.idle()}
 	if cls.State&sqlclass.StateDeallocate != 0 {
 		w.forgetPrepared()
 	}
@@ -162,7 +162,7 @@ func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 // now), and reports whether a write may have committed, so that its
 // position must be covered.
 func (cn *Conn) blockEffects(ws *primaryStmt, err error, inBlock bool) bool {
-	cls := ws.cls
+	cls := &ws.cls
 	var wrote bool
 	switch {
 	case cls.Mixed:

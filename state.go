@@ -166,7 +166,7 @@ func (cn *Conn) armReadBack(cls *sqlclass.Result, idleBefore bool) (*wire.Inject
 // settleReadBack takes in what a statement on the primary did to session
 // state (err is its outcome), from the read-back riding behind it.
 func (cn *Conn) settleReadBack(ctx context.Context, ws *primaryStmt, err error) {
-	cls := ws.cls
+	cls := &ws.cls
 	pins := cn.pins
 	if cls.State&sqlclass.StateDiscardAll != 0 && err == nil {
 		pins &^= pinUntracked
