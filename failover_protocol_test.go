@@ -53,11 +53,8 @@ func TestProtocolDeadIdleWriterConnection(t *testing.T) {
 			if _, err := pc.db.Exec(protoInsert, 2); err != nil {
 				t.Fatalf("write after the idle connection ended: %v", err)
 			}
-			pc.w.mu.Lock()
-			inserts := pc.w.inserts
-			pc.w.mu.Unlock()
-			if inserts != 3 {
-				t.Errorf("the writer received %d INSERTs, want 3", inserts)
+			if n := pc.w.insertCount(); n != 3 {
+				t.Errorf("the writer received %d INSERTs, want 3", n)
 			}
 			conns := pc.writer.Conns()
 			want := 1
@@ -114,11 +111,8 @@ func TestProtocolDeadIdleWriterConnectionInSQLConn(t *testing.T) {
 			if _, err := conn.ExecContext(ctx, protoInsert, 2); err != nil {
 				t.Fatalf("write in a sql.Conn after its idle writer connection ended: %v", err)
 			}
-			pc.w.mu.Lock()
-			inserts := pc.w.inserts
-			pc.w.mu.Unlock()
-			if inserts != 3 {
-				t.Errorf("the writer received %d INSERTs, want 3", inserts)
+			if n := pc.w.insertCount(); n != 3 {
+				t.Errorf("the writer received %d INSERTs, want 3", n)
 			}
 			if n := len(pc.writer.Conns()); n != 2 {
 				t.Errorf("%d writer connections, want 2", n)
@@ -154,4 +148,11 @@ func TestProtocolLostWriterReadRunsAgain(t *testing.T) {
 	if len(reads) != 2 || reads[0] == reads[1] {
 		t.Fatalf("the read arrived on writer connections %v, want twice, on two", reads)
 	}
+}
+
+// insertCount is how many INSERTs the fake writer has run.
+func (w *protoWriter) insertCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.inserts
 }

@@ -83,19 +83,26 @@ func BenchmarkWriteOverhead(b *testing.B) {
 // alone, as pgryw-read does in rywbench), alternating in one loop, and
 // reports pgryw's p50 as a ratio of pgx's.
 func BenchmarkReplicaReadOverhead(b *testing.B) {
+	plain, ryw := replicaReadPools(b)
+	run := pointQuery(b)
+	alternateP50(b, plain, ryw, run)
+}
+
+// replicaReadPools opens pgx's pool on the first replica and pgryw's with
+// that replica, both closed when b ends.
+func replicaReadPools(b *testing.B) (plain, ryw *sql.DB) {
 	pgtest.Require(b, cluster)
 	plain, err := sql.Open("pgx", cluster.ReplicaDSN(0))
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer plain.Close()
-	ryw, err := sql.Open("pgryw", cluster.WriterDSN()+"&replicas="+cluster.ReplicaAddrs()[0])
+	b.Cleanup(func() { plain.Close() })
+	ryw, err = sql.Open("pgryw", cluster.WriterDSN()+"&replicas="+cluster.ReplicaAddrs()[0])
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer ryw.Close()
-	run := pointQuery(b)
-	alternateP50(b, plain, ryw, run)
+	b.Cleanup(func() { ryw.Close() })
+	return plain, ryw
 }
 
 // alternateP50 runs run on plain and on ryw in turn (a warm-up of 100

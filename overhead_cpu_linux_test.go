@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 	"unsafe"
-
-	"github.com/pgryw/pgryw/internal/pgtest"
 )
 
 // threadCPU returns the CPU time the calling OS thread has used
@@ -28,17 +26,7 @@ func threadCPU() time.Duration {
 // thread's clock counts the system calls the read makes on it, not the
 // work of the Go runtime's other threads (the network poller's wakeups).
 func BenchmarkReplicaReadCPU(b *testing.B) {
-	pgtest.Require(b, cluster)
-	plain, err := sql.Open("pgx", cluster.ReplicaDSN(0))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer plain.Close()
-	ryw, err := sql.Open("pgryw", cluster.WriterDSN()+"&replicas="+cluster.ReplicaAddrs()[0])
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ryw.Close()
+	plain, ryw := replicaReadPools(b)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var v int
