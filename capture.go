@@ -462,9 +462,6 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 // (SET, LISTEN, ...) is not tracked: run such statements through
 // database/sql, or pin reads with WithPrimary.
 func (cn *Conn) RunOnPrimary(ctx context.Context, f func(*pgx.Conn) error) error {
-	if _, ok := cn.primary.conn.(*stdlib.Conn); !ok {
-		return errors.New("pgryw: RunOnPrimary needs a pgx connection")
-	}
 	if err := cn.settlePending(ctx, true); err != nil {
 		return err
 	}

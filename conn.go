@@ -178,23 +178,18 @@ func (cn *Conn) checkPrimary(ctx context.Context) error {
 	if !cn.primary.gone() {
 		return nil
 	}
-	old := cn.primary
 	if cn.pending != nil {
 		cn.pending.abandon()
 		cn.pending = nil
 	}
-	old.close()
+	cn.primary.close()
 	dc, err := cn.c.dial(ctx, cn.c.topo.primary)
 	if err != nil {
 		return driver.ErrBadConn
 	}
 	cn.primary = newBackend(dc, cn.c.topo.primary)
 	// The ended session's state went with it.
-	if set := &cn.sess.set; len(set.names) > 0 || len(set.tracked) > 0 {
-		set.names, set.values, set.tracked = nil, nil, nil
-		set.version++
-	}
-	cn.setPins(0, "primary connection replaced")
+	cn.dropSessionState(0, "primary connection replaced")
 	cn.resetPending, cn.blockWrote = false, false
 	return nil
 }
@@ -288,9 +283,7 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 	return cn.execPrimary(ctx, query, args, cls, toReplica)
 }
 
-// execPrimary runs ExecContext's statement on the primary. cls is a copy:
-// the primary's bookkeeping keeps a pointer to it, which would otherwise
-// put every replica read's classification on the heap.
+// execPrimary runs ExecContext's statement on the primary.
 func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool) (driver.Result, error) {
 	if err := cn.checkPrimary(ctx); err != nil {
 		return nil, err
@@ -347,8 +340,7 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 	return cn.queryPrimary(ctx, query, args, cls, toReplica)
 }
 
-// queryPrimary runs QueryContext's statement on the primary; cls is a copy,
-// as in execPrimary.
+// queryPrimary runs QueryContext's statement on the primary.
 func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool) (driver.Rows, error) {
 	if err := cn.checkPrimary(ctx); err != nil {
 		return nil, err

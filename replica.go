@@ -152,9 +152,9 @@ const (
 )
 
 // replicaOp is the application's statement as an attempt runs it on the
-// replica it chose, and its answer. A struct rather than a closure: it
-// lives on the caller's stack, so a replica read allocates nothing of
-// pgryw's own.
+// replica it chose, and its answer. A struct kept in the Conn
+// (Conn.startOp) rather than closures over the caller's variables: a
+// replica read allocates nothing of pgryw's own.
 type replicaOp struct {
 	kind  opKind
 	ctx   context.Context

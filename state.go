@@ -323,10 +323,18 @@ func (cn *Conn) resetState(ctx context.Context) error {
 	} else {
 		cn.resetPending = true
 	}
+	cn.dropSessionState(cn.pins&pinPermanent, "reset_session")
+	return nil
+}
+
+// dropSessionState forgets the session's settings (replica connections are
+// given the change with their next read) and leaves pins as its pins: the
+// session was reset, or replaced by a new one. why is for the log.
+func (cn *Conn) dropSessionState(pins pinReason, why string) {
+	set := &cn.sess.set
 	set.names, set.values, set.tracked = nil, nil, nil
 	set.version++
-	cn.setPins(cn.pins&pinPermanent, "reset_session")
-	return nil
+	cn.setPins(pins, why)
 }
 
 // armReset puts a pending reset in front of the statement about to run on

@@ -468,7 +468,7 @@ func (c *Conn) filter(p []byte) int {
 			// usual case, every answer of a connection with nothing
 			// riding along; the loop below takes a message split
 			// across reads, and the rest once something is due.
-			if n := wholeMessages(p[i:], &c.notices, &c.statuses); n > 0 {
+			if n := c.wholeMessages(p[i:]); n > 0 {
 				i += n
 				w = i
 				continue
@@ -484,11 +484,8 @@ func (c *Conn) filter(p []byte) int {
 				chainErr := ours && b == 'E' && c.queue[0].inj.chained
 				c.curStrip = ours && !isAsync(b) && !chainErr
 				c.curKeep = c.curStrip || chainErr
-				if b == 'N' && !c.curStrip {
-					c.notices++
-				}
-				if b == 'S' && !c.curStrip {
-					c.statuses.Add(1)
+				if !c.curStrip {
+					c.countPassed(b)
 				}
 			}
 			c.hdr[c.hdrN] = b
@@ -529,23 +526,29 @@ func (c *Conn) filter(p []byte) int {
 }
 
 // wholeMessages returns how many bytes at the start of p are whole
-// messages, counting the NoticeResponses and ParameterStatuses among them.
-func wholeMessages(p []byte, notices *uint64, statuses *atomic.Uint64) int {
+// messages, all passed to pgx (countPassed).
+func (c *Conn) wholeMessages(p []byte) int {
 	i := 0
 	for len(p)-i >= 5 {
 		l := uint64(binary.BigEndian.Uint32(p[i+1 : i+5]))
 		if l < 4 || l > uint64(len(p)-i-1) {
 			break // split across reads (or a length pgx will refuse)
 		}
-		switch p[i] {
-		case 'N':
-			*notices++
-		case 'S':
-			statuses.Add(1)
-		}
+		c.countPassed(p[i])
 		i += 1 + int(l)
 	}
 	return i
+}
+
+// countPassed counts a message of type t passed to pgx, for Notices and
+// Statuses.
+func (c *Conn) countPassed(t byte) {
+	switch t {
+	case 'N':
+		c.notices++
+	case 'S':
+		c.statuses.Add(1)
+	}
 }
 
 func (c *Conn) endMessage() {
