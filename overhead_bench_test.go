@@ -27,22 +27,8 @@ func BenchmarkNoReplicasOverhead(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer ryw.Close()
-	run := pointQuery(b)
-	for i := 0; i < 100; i++ {
-		run(plain)
-		run(ryw)
-	}
 	var tPlain, tRyw time.Duration
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if i%2 == 0 {
-			tPlain += run(plain)
-			tRyw += run(ryw)
-		} else {
-			tRyw += run(ryw)
-			tPlain += run(plain)
-		}
-	}
+	alternate(b, plain, ryw, 100, pointQuery(b), func(p, r time.Duration) { tPlain, tRyw = tPlain+p, tRyw+r })
 	b.ReportMetric(float64(tPlain.Nanoseconds())/float64(b.N), "pgx-ns/op")
 	b.ReportMetric(float64(tRyw.Nanoseconds())/float64(b.N), "pgryw-ns/op")
 	b.ReportMetric(float64(tRyw)/float64(tPlain), "pgryw/pgx")
@@ -105,25 +91,33 @@ func replicaReadPools(b *testing.B) (plain, ryw *sql.DB) {
 	return plain, ryw
 }
 
-// alternateP50 runs run on plain and on ryw in turn (a warm-up of 100
-// each first), b.N times each, swapping which goes first every time, and
-// reports both p50s and their ratio.
-func alternateP50(b *testing.B, plain, ryw *sql.DB, run func(*sql.DB) time.Duration) {
-	for i := 0; i < 100; i++ {
+// alternate runs run on plain and on ryw in turn, warm times each
+// uncounted, then b.N times each, swapping which goes first every time, and
+// hands each pair of measurements to add.
+func alternate(b *testing.B, plain, ryw *sql.DB, warm int, run func(*sql.DB) time.Duration, add func(plain, ryw time.Duration)) {
+	for i := 0; i < warm; i++ {
 		run(plain)
 		run(ryw)
 	}
-	var tPlain, tRyw []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if i%2 == 0 {
-			tPlain = append(tPlain, run(plain))
-			tRyw = append(tRyw, run(ryw))
+			p := run(plain)
+			add(p, run(ryw))
 		} else {
-			tRyw = append(tRyw, run(ryw))
-			tPlain = append(tPlain, run(plain))
+			r := run(ryw)
+			add(run(plain), r)
 		}
 	}
+}
+
+// alternateP50 runs run on plain and on ryw in turn (alternate, a warm-up
+// of 100 each) and reports both p50s and their ratio.
+func alternateP50(b *testing.B, plain, ryw *sql.DB, run func(*sql.DB) time.Duration) {
+	var tPlain, tRyw []time.Duration
+	alternate(b, plain, ryw, 100, run, func(p, r time.Duration) {
+		tPlain, tRyw = append(tPlain, p), append(tRyw, r)
+	})
 	p50 := func(d []time.Duration) float64 {
 		slices.Sort(d)
 		return float64(d[len(d)/2].Nanoseconds())
@@ -136,12 +130,18 @@ func alternateP50(b *testing.B, plain, ryw *sql.DB, run func(*sql.DB) time.Durat
 
 // pointQuery returns a timed run of SELECT $1::int + 1 on a pool.
 func pointQuery(b *testing.B) func(*sql.DB) time.Duration {
+	base := time.Now()
+	return pointQueryBy(b, func() time.Duration { return time.Since(base) })
+}
+
+// pointQueryBy is pointQuery measured by clock (any monotonic count).
+func pointQueryBy(b *testing.B, clock func() time.Duration) func(*sql.DB) time.Duration {
 	var v int
 	return func(db *sql.DB) time.Duration {
-		start := time.Now()
+		start := clock()
 		if err := db.QueryRow("SELECT $1::int + 1", 41).Scan(&v); err != nil {
 			b.Fatal(err)
 		}
-		return time.Since(start)
+		return clock() - start
 	}
 }

@@ -1,7 +1,6 @@
 package pgryw_test
 
 import (
-	"database/sql"
 	"runtime"
 	"syscall"
 	"testing"
@@ -29,30 +28,9 @@ func BenchmarkReplicaReadCPU(b *testing.B) {
 	plain, ryw := replicaReadPools(b)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	var v int
-	run := func(db *sql.DB) time.Duration {
-		start := threadCPU()
-		if err := db.QueryRow("SELECT $1::int + 1", 41).Scan(&v); err != nil {
-			b.Fatal(err)
-		}
-		return threadCPU() - start
-	}
-	for i := 0; i < 200; i++ {
-		run(plain)
-		run(ryw)
-	}
 	var cPlain, cRyw time.Duration
 	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if i%2 == 0 {
-			cPlain += run(plain)
-			cRyw += run(ryw)
-		} else {
-			cRyw += run(ryw)
-			cPlain += run(plain)
-		}
-	}
+	alternate(b, plain, ryw, 200, pointQueryBy(b, threadCPU), func(p, r time.Duration) { cPlain, cRyw = cPlain+p, cRyw+r })
 	n := float64(b.N)
 	b.ReportMetric(float64(cPlain.Nanoseconds())/n, "pgx-cpu-ns")
 	b.ReportMetric(float64(cRyw.Nanoseconds())/n, "pgryw-cpu-ns")
