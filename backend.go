@@ -114,7 +114,7 @@ func (b *backend) gone() bool {
 			return first == 'N' || first == 'E'
 		}
 	}
-	return b.peek != nil && b.peek.gone()
+	return b.peek != nil && b.peek.gone(b.wire)
 }
 
 // idle reports whether no transaction is open on the server connection.

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/pgryw/pgryw/internal/pgfake"
 	"github.com/pgryw/pgryw/internal/pgtest"
+	"github.com/pgryw/pgryw/internal/wire"
 )
 
 // The probe backoff doubles from probeBackoffMin per failure in a row, up
@@ -393,9 +394,9 @@ func (h *captureLogs) all() []logRec {
 	return append([]logRec(nil), h.recs...)
 }
 
-// BenchmarkIdlePeek is what Conn.ResetSession adds each time database/sql
-// hands out a pooled connection: one non-blocking peek at the writer
-// connection's socket. It allocates nothing.
+// BenchmarkIdlePeek is what Conn.checkPrimary adds before the first
+// statement on a writer connection that database/sql handed out again: one
+// non-blocking peek at its socket. It allocates nothing.
 func BenchmarkIdlePeek(b *testing.B) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -417,10 +418,11 @@ func BenchmarkIdlePeek(b *testing.B) {
 	if p == nil {
 		b.Skip("no socket peek on this platform")
 	}
+	w := wire.Wrap(nc)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if p.gone() {
+		if p.gone(w) {
 			b.Fatal("a live connection looks gone")
 		}
 	}

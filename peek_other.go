@@ -2,7 +2,11 @@
 
 package pgryw
 
-import "net"
+import (
+	"net"
+
+	"github.com/pgryw/pgryw/internal/wire"
+)
 
 // sockPeek cannot look at sockets here: idle connections a server ended are
 // found when a statement fails on them.
@@ -10,4 +14,4 @@ type sockPeek struct{}
 
 func newSockPeek(net.Conn) *sockPeek { return nil }
 
-func (*sockPeek) gone() bool { return false }
+func (*sockPeek) gone(*wire.Conn) bool { return false }

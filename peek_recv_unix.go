@@ -4,7 +4,7 @@ package pgryw
 
 import "syscall"
 
-// peekFD is one recv(2) of a byte with MSG_PEEK (the byte stays for pgx)
+// peekFD is one recv(2) of up to peekBytes with MSG_PEEK (they stay for pgx)
 // and MSG_DONTWAIT. It runs through RawConn.Control, which does not wait
 // for the socket to become readable nor for a read in progress elsewhere.
 func (p *sockPeek) peekFD(fd uintptr) {

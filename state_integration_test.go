@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgryw/pgryw"
 )
@@ -315,5 +316,59 @@ func TestIntegrationResetSession(t *testing.T) {
 			}
 			other.ExecContext(ctx, "SELECT pg_advisory_unlock_all()")
 		})
+	}
+}
+
+// TestIntegrationEndedWriterSessionStateGone: a pooled connection holds
+// session state on the writer (an advisory lock, which pins its reads
+// there, and a setting, which its replica reads carry) when the server
+// ends that session while the connection sits idle in the pool
+// (pg_terminate_backend). The next statement runs on a new writer session
+// with no error, and the ended session's state is gone with it, as README
+// says: the connection is no longer pinned, its reads go to replicas
+// again, and without the setting.
+func TestIntegrationEndedWriterSessionStateGone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, c := openDB(t, "")
+	db.SetMaxOpenConns(1)
+	for _, q := range []string{"SELECT pg_advisory_lock(97)", "SET application_name = 'st_ended'"} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if got := c.Stats().Pinned; got != 1 {
+		t.Fatalf("Stats.Pinned = %d after taking an advisory lock, want 1", got)
+	}
+	var pid int
+	if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := sql.Open("pgx", cluster.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	var ok bool
+	if err := admin.QueryRowContext(ctx, "SELECT pg_terminate_backend($1, 5000)", pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d): %v, %v", pid, ok, err)
+	}
+	time.Sleep(50 * time.Millisecond) // for the session's last words to cross loopback
+	var newPID int
+	if err := db.QueryRowContext(ctx, "SELECT pg_backend_pid() /* pgryw:primary */").Scan(&newPID); err != nil {
+		t.Fatalf("first statement on the writer after its session ended: %v", err)
+	}
+	if newPID == pid {
+		t.Fatalf("still on writer session %d", pid)
+	}
+	if got := c.Stats().Pinned; got != 0 {
+		t.Errorf("Stats.Pinned = %d after the pinned session ended, want 0", got)
+	}
+	var name string
+	if !onReplica(t, ctx, db, "SELECT current_setting('application_name')", &name) {
+		t.Error("a read after the pinned session ended stayed on the primary")
+	}
+	if name == "st_ended" {
+		t.Error("the ended session's setting still travels with replica reads")
 	}
 }

@@ -392,6 +392,49 @@ func appendQuery(buf []byte, sql string) []byte {
 	return append(buf, 0)
 }
 
+// LastWords returns the type of the first message in p (bytes peeked from
+// the socket, not yet read) that is not part of an answer the Conn still
+// expects: a ride-along's answer that nobody has read yet comes first on an
+// idle connection (a write returns at its own ReadyForQuery, its capture's
+// answer is read later), and a server that ended the session meanwhile
+// sent its last words after it. It reports false when p ends first, or
+// when the Conn's own framing is not at a message boundary.
+func (c *Conn) LastWords(p []byte) (byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hdrN != 0 || c.left != 0 {
+		return 0, false
+	}
+	expect := 0
+	for _, s := range c.queue {
+		if s.strip && s.inj.chained {
+			return 0, false // ends at a CommandComplete, not a ReadyForQuery
+		}
+		expect++
+	}
+	i := 0
+	for ; expect > 0; expect-- {
+		for {
+			if len(p)-i < 5 {
+				return 0, false
+			}
+			t := p[i]
+			l := uint64(binary.BigEndian.Uint32(p[i+1 : i+5]))
+			if l < 4 || l > uint64(len(p)-i-1) {
+				return 0, false
+			}
+			i += 1 + int(l)
+			if t == 'Z' {
+				break
+			}
+		}
+	}
+	if i >= len(p) {
+		return 0, false
+	}
+	return p[i], true
+}
+
 // PendingByte returns the first byte Await read from the socket and kept
 // for pgx's next Read, if any: on an idle connection, the start of
 // whatever the server sent unasked.

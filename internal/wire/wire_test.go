@@ -587,3 +587,45 @@ func TestChainedPrefix(t *testing.T) {
 		t.Fatal("chained in front of a simple Query")
 	}
 }
+
+// LastWords looks past the answer to a ride-along that nobody has read yet
+// (a capture behind a write that returned at its own ReadyForQuery) to
+// what the server sent after it: an ended session's FATAL is found there.
+func TestLastWordsSkipsUnreadAnswer(t *testing.T) {
+	answer := enc(t,
+		&pgproto3.FunctionCallResponse{Result: []byte("0/3000100")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	fatal := enc(t, &pgproto3.ErrorResponse{Severity: "FATAL", Code: "57P01", Message: "terminating connection"})
+	under := &chunked{rng: rand.New(rand.NewSource(1))}
+	c := Wrap(under)
+	in := &Injection{Msgs: encF(t, &pgproto3.FunctionCall{Function: 2852})}
+	c.AppendAfterExec(in)
+	c.Write(encF(t, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}))
+	// pgx has read its own answer (the segment for its Sync is gone); the
+	// capture's is still on the socket.
+	c.mu.Lock()
+	c.popQueue()
+	c.mu.Unlock()
+	for _, tc := range []struct {
+		name string
+		p    []byte
+		t    byte
+		ok   bool
+	}{
+		{"answer, then FATAL", append(append([]byte{}, answer...), fatal...), 'E', true},
+		{"answer alone", answer, 0, false},
+		{"answer cut short", answer[:len(answer)-2], 0, false},
+		{"answer, then part of a header", append(append([]byte{}, answer...), 'E', 0), 'E', true},
+		{"nothing", nil, 0, false},
+	} {
+		if got, ok := c.LastWords(tc.p); got != tc.t || ok != tc.ok {
+			t.Errorf("%s: LastWords = %q, %v; want %q, %v", tc.name, got, ok, tc.t, tc.ok)
+		}
+	}
+	// With nothing expected, the first byte is the message.
+	idle := Wrap(&chunked{rng: rand.New(rand.NewSource(1))})
+	if got, ok := idle.LastWords(fatal); got != 'E' || !ok {
+		t.Errorf("idle connection: LastWords = %q, %v; want 'E', true", got, ok)
+	}
+}
