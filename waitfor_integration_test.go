@@ -21,14 +21,18 @@ func openWaitForDB(t *testing.T, extra string) (*sql.DB, *pgryw.Connector, []*pg
 		t.Fatal(err)
 	}
 	var addrs []string
-	var proxies []*pgtest.WaitForProxy
-	for _, r := range cluster.ReplicaAddrs() {
-		p, err := pgtest.StartWaitForProxy(r)
-		if err != nil {
-			t.Fatal(err)
+	proxies := cluster.WaitForFronts()
+	if proxies == nil {
+		for i, r := range cluster.Replicas {
+			p, err := pgtest.StartWaitForProxy(pgtest.WaitForOptions{Target: r.Addr(), DSN: cluster.ReplicaDSN(i), Polls: pgtest.IsReplayPoll})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			proxies = append(proxies, p)
 		}
-		t.Cleanup(func() { p.Close() })
-		proxies = append(proxies, p)
+	}
+	for _, p := range proxies {
 		addrs = append(addrs, p.Addr())
 	}
 	db, c := openDSN(t, cluster.WriterDSN()+"&wait_method=wait_for&replicas="+strings.Join(addrs, ",")+"&"+extra)

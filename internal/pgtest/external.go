@@ -146,7 +146,7 @@ func StartExternal(ctx context.Context, ext External, opts Options) (*Cluster, e
 		return nil, fmt.Errorf("pgtest: external cluster: %w", err)
 	}
 	opts = opts.withDefaults()
-	return finish(ctx, func() (*Cluster, error) { return startExternal(ctx, ext, opts, "external", nil) })
+	return finish(ctx, opts.EmulateWaitFor, func() (*Cluster, error) { return startExternal(ctx, ext, opts, "external", nil) })
 }
 
 // external is the backend for servers pgtest did not start.

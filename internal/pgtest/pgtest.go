@@ -34,6 +34,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -66,6 +67,11 @@ type Options struct {
 	BinDir string
 	// Logf, when set, receives progress messages (which bin dir, timings).
 	Logf func(format string, args ...any)
+	// EmulateWaitFor puts a WaitForProxy in front of every replica, which
+	// answers PostgreSQL 19.0's WAIT FOR and reports server_version 19
+	// (see WaitForProxy): ReplicaAddrs then returns the proxies'
+	// addresses. "" means $PGRYW_EMULATE_PG19 ("1" turns it on).
+	EmulateWaitFor bool
 	// Settings are extra postgresql.conf lines ("name = value") for every
 	// node of a local cluster, appended after pgtest's own (so they win
 	// over them), e.g. shared_preload_libraries. External and Docker
@@ -130,9 +136,10 @@ type Cluster struct {
 	ServerVersionNum int
 
 	be           backend
-	appNames     []string // per replica: application_name on the writer; nil means replicaN
-	walBlockSize uint64   // 0 if unknown
-	walSegSize   uint64   // 0 if unknown
+	appNames     []string        // per replica: application_name on the writer; nil means replicaN
+	fronts       []*WaitForProxy // per replica, with EmulateWaitFor
+	walBlockSize uint64          // 0 if unknown
+	walSegSize   uint64          // 0 if unknown
 
 	mu            sync.Mutex
 	stopped       []bool // per replica: stopped by StopNode
@@ -158,7 +165,7 @@ type backend interface {
 // when no server can be found. On error nothing is left running.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	opts = opts.withDefaults()
-	return finish(ctx, func() (*Cluster, error) { return start(ctx, opts) })
+	return finish(ctx, opts.EmulateWaitFor, func() (*Cluster, error) { return start(ctx, opts) })
 }
 
 func start(ctx context.Context, opts Options) (*Cluster, error) {
@@ -196,12 +203,15 @@ func (o Options) withDefaults() Options {
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
+	if os.Getenv(EmulateEnv) == "1" {
+		o.EmulateWaitFor = true
+	}
 	return o
 }
 
 // finish completes a cluster that start made: per-replica state and the
 // writer's settings.
-func finish(ctx context.Context, start func() (*Cluster, error)) (*Cluster, error) {
+func finish(ctx context.Context, emulate bool, start func() (*Cluster, error)) (*Cluster, error) {
 	c, err := start()
 	if err != nil {
 		return nil, err
@@ -216,7 +226,57 @@ func finish(ctx context.Context, start func() (*Cluster, error)) (*Cluster, erro
 		c.Close()
 		return nil, err
 	}
+	if emulate {
+		if err := c.emulateWaitFor(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// EmulateEnv names the environment variable that, set to "1", has Start
+// put the WAIT FOR emulation in front of every replica
+// (Options.EmulateWaitFor).
+const EmulateEnv = "PGRYW_EMULATE_PG19"
+
+// emulateWaitFor starts a WaitForProxy in front of each replica.
+func (c *Cluster) emulateWaitFor(ctx context.Context) error {
+	if err := c.InstallWaitFor(ctx); err != nil {
+		return err
+	}
+	var real string
+	if err := withConn(ctx, c.Writer, func(conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, "SHOW server_version").Scan(&real)
+	}); err != nil {
+		return err
+	}
+	for _, r := range c.Replicas {
+		p, err := StartWaitForProxy(WaitForOptions{Target: r.Addr(), DSN: r.DSN(),
+			ServerVersion: "19.0 (pgtest WAIT FOR emulation on " + real + ")", Polls: IsReplayPoll})
+		if err != nil {
+			return err
+		}
+		c.fronts = append(c.fronts, p)
+	}
+	return nil
+}
+
+// IsReplayPoll reports a statement that reads a standby's replay position
+// (pg_last_wal_replay_lsn), for WaitForOptions.Polls.
+func IsReplayPoll(sql string) bool { return strings.Contains(sql, "pg_last_wal_replay_lsn()") }
+
+// WaitForFronts returns the WAIT FOR emulation's proxies, one per replica
+// in index order, or nil when the cluster does not emulate it.
+func (c *Cluster) WaitForFronts() []*WaitForProxy { return c.fronts }
+
+// WaitForCounts returns what every replica's WAIT FOR emulation has seen.
+func (c *Cluster) WaitForCounts() WaitForCounts {
+	var n WaitForCounts
+	for _, p := range c.fronts {
+		n = n.Add(p.Counts())
+	}
+	return n
 }
 
 func (c *Cluster) describe(ctx context.Context) error {
@@ -247,10 +307,14 @@ func (c *Cluster) ReplicaDSN(i int) string { return c.Replicas[i].DSN() }
 
 // ReplicaAddrs returns "host:port" ("127.0.0.1:PORT" for local servers) for
 // each replica.
+// With the WAIT FOR emulation they are its proxies' addresses.
 func (c *Cluster) ReplicaAddrs() []string {
 	out := make([]string, len(c.Replicas))
 	for i, r := range c.Replicas {
 		out[i] = r.Addr()
+		if i < len(c.fronts) {
+			out[i] = c.fronts[i].Addr()
+		}
 	}
 	return out
 }
@@ -512,6 +576,9 @@ func (c *Cluster) Close() error {
 		return nil
 	}
 	c.closed = true
+	for _, p := range c.fronts {
+		p.Close()
+	}
 	return c.be.close()
 }
 
