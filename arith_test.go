@@ -6,6 +6,8 @@ package pgryw
 
 import (
 	"bytes"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -344,5 +346,25 @@ func TestPolarSQL(t *testing.T) {
 	}
 	if got := polarSQL(OnTimeoutStale, 1, 0); got != "SET polar_consistency_mode = 'best_effort'; SET polar_proxy_wait_timeout_ms = 1; SET polar_xact_split_wait_lsn = '1'" {
 		t.Fatalf("polarSQL(stale) = %q", got)
+	}
+}
+
+// WAIT FOR's TIMEOUT: whole milliseconds, never 0 (PostgreSQL 19 rounds
+// 0.5 ms or less to 0, which waits for ever), never above 2^31-1 (refused).
+func TestWaitForMillis(t *testing.T) {
+	for _, c := range []struct {
+		budget time.Duration
+		want   int64
+	}{
+		{0, 1}, {-time.Second, 1}, {400 * time.Microsecond, 1}, {500 * time.Microsecond, 1}, {1500 * time.Microsecond, 1},
+		{200 * time.Millisecond, 200}, {time.Hour, 3600000},
+		{(1<<31 - 1) * time.Millisecond, 1<<31 - 1}, {(1 << 31) * time.Millisecond, 1<<31 - 1}, {1 << 62, 1<<31 - 1},
+	} {
+		if got := waitForMillis(c.budget); got != c.want {
+			t.Errorf("waitForMillis(%v) = %d, want %d", c.budget, got, c.want)
+		}
+		if sql := waitForSQL(1, c.budget); !strings.Contains(sql, fmt.Sprintf("TIMEOUT '%dms'", c.want)) {
+			t.Errorf("waitForSQL: %s", sql)
+		}
 	}
 }

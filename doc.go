@@ -29,8 +29,10 @@
 // After a write commits, pgryw reads the primary's WAL insert position and
 // raises the session's watermark to it. Before a replica read, the replica
 // must have replayed past the watermark: pgryw waits with WAIT FOR LSN on
-// PostgreSQL 19 and later, and polls pg_last_wal_replay_lsn() on older
-// servers, for at most wait_timeout; then on_timeout decides (read the primary,
+// PostgreSQL 19 and later ([WAIT]), and polls pg_last_wal_replay_lsn() on
+// older servers, for at most wait_timeout, and never on a replica
+// connection that holds a lock (inside a transaction after its first
+// statement); then on_timeout decides (read the primary,
 // return ErrReplicaBehind, or serve stale rows). What pgryw learns about each
 // replica's position (from every check and from a background monitor) is
 // shared by all connections of a pool: a replica known to be caught up is
@@ -83,4 +85,6 @@
 // writer has, and wait for nothing the new history may never reach. A
 // failed replica is out of reads until the background monitor's probe,
 // sent after an exponential backoff, gets an answer.
+//
+// [WAIT]: https://www.postgresql.org/docs/19/sql-wait.html
 package pgryw

@@ -360,13 +360,17 @@ func (c *Connector) Config() *Config { return c.cfg.Clone() }
 
 // Stats counts what the connector's connections did since it was created.
 type Stats struct {
-	ReplicaReads    int64 // reads served by a replica
-	PrimaryReads    int64 // reads served by the primary (no replica usable, pinned, hinted, or fallback)
-	Fallbacks       int64 // reads sent to the primary because a replica was behind, unreachable or promoted
-	StaleReads      int64 // reads served by a replica behind the watermark (on_timeout=stale)
-	BehindErrors    int64 // reads that returned ErrReplicaBehind (on_timeout=error)
-	Waits           int64 // reads that made a replica wait: a WAIT FOR, or polling after a failed check
-	WaitTimeouts    int64 // waits whose budget ran out
+	ReplicaReads int64 // reads served by a replica
+	PrimaryReads int64 // reads served by the primary (no replica usable, pinned, hinted, or fallback)
+	Fallbacks    int64 // reads sent to the primary because a replica was behind, unreachable or promoted
+	StaleReads   int64 // reads served by a replica behind the watermark (on_timeout=stale)
+	BehindErrors int64 // reads that returned ErrReplicaBehind (on_timeout=error)
+	Waits        int64 // reads that made a replica wait: a WAIT FOR, or polling after a failed check
+	WaitTimeouts int64 // waits whose budget ran out (or that the replica cancelled: statement_timeout)
+	// WaitRefusals counts waits a replica refused to start (PostgreSQL
+	// 19's 55000: its session held a lock); each such read went to another
+	// node, and the replica connection was closed.
+	WaitRefusals    int64
 	Captures        int64 // primary positions read after a commit
 	CaptureFailures int64 // commits whose position could not be read (the next read re-captures)
 	TokensClamped   int64 // Session positions beyond anything the primary had written, lowered to its position
@@ -395,6 +399,7 @@ type counters struct {
 	replicaReads, primaryReads, fallbacks, staleReads, behindErrors atomic.Int64
 	waits, waitTimeouts, captures, captureFailures                  atomic.Int64
 	waitFors                                                        atomic.Int64 // checks sent as WAIT FOR LSN
+	waitRefusals                                                    atomic.Int64
 	tokensClamped, tokensRebased                                    atomic.Int64
 	pinned                                                          atomic.Int64
 	pinnedBy                                                        [numPinReasons]atomic.Int64
@@ -408,7 +413,7 @@ func (c *Connector) Stats() Stats {
 	st := Stats{
 		ReplicaReads: s.replicaReads.Load(), PrimaryReads: s.primaryReads.Load(), Fallbacks: s.fallbacks.Load(),
 		StaleReads: s.staleReads.Load(), BehindErrors: s.behindErrors.Load(), Waits: s.waits.Load(),
-		WaitTimeouts: s.waitTimeouts.Load(), Captures: s.captures.Load(), CaptureFailures: s.captureFailures.Load(),
+		WaitTimeouts: s.waitTimeouts.Load(), WaitRefusals: s.waitRefusals.Load(), Captures: s.captures.Load(), CaptureFailures: s.captureFailures.Load(),
 		TokensClamped: s.tokensClamped.Load(), TokensRebased: s.tokensRebased.Load(),
 		Pinned: s.pinned.Load(), PinnedBy: map[string]int64{},
 		FallbackPeak: c.over.fallback.peak.Load(), FallbackWaits: s.fallbackWaits.Load(),

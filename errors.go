@@ -91,6 +91,13 @@ const (
 	// conflict) with one of these.
 	sqlstateSerialization = "40001"
 	sqlstateDeadlock      = "40P01"
+	// sqlstateQueryCanceled: a statement cancelled (a cancel request,
+	// statement_timeout) or, without NO_THROW, WAIT FOR's timeout.
+	sqlstateQueryCanceled = "57014"
+	// sqlstateObjectState (object_not_in_prerequisite_state): PostgreSQL
+	// 19's WAIT FOR refusing to wait here (locks held, a snapshot held,
+	// not in recovery).
+	sqlstateObjectState = "55000"
 	// sqlstateClassConnection is the connection-exception class prefix.
 	sqlstateClassConnection = "08"
 )

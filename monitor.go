@@ -171,7 +171,11 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 		}
 		b = newBackend(dc, n)
 	}
-	row, null, err := b.control(ctx, sqlPoll)
+	q := sqlPoll
+	if b.major >= 19 {
+		q = sqlRecovery
+	}
+	row, null, err := b.control(ctx, q)
 	if err != nil {
 		if isRefusal(err) {
 			// The session's defaults (SERIALIZABLE) cannot run there.
@@ -185,8 +189,9 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 		}
 		return nil
 	}
-	l, known, inRecovery, err := parsePoll(row, null)
-	if err == nil && inRecovery && known && l < n.knownReplay() {
+	r, err := parseRecovery(row, null)
+	l, known := r.replay, r.known
+	if err == nil && r.inRecovery && known && l < n.knownReplay() {
 		// Within one standby's history replay only moves forward; a lower
 		// position means the node was restarted, rebuilt or changed
 		// timeline, and what we knew of it no longer holds. Forgotten
@@ -195,7 +200,10 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 	}
 	n.probeAnswered()
 	n.downUntil.Store(0)
-	if err != nil || !inRecovery {
+	if r.timeline != 0 {
+		n.timeline.Store(r.timeline)
+	}
+	if err != nil || !r.inRecovery {
 		n.notStandby.Store(true)
 		return b
 	}

@@ -23,7 +23,8 @@ type node struct {
 
 	replay     atomic.Uint64 // highest replay LSN seen on this node
 	downUntil  atomic.Int64  // unix nanos; out of reads until then (refused the session's defaults)
-	notStandby atomic.Bool   // reported not in recovery: promoted, or the writer
+	notStandby atomic.Bool   // reported not in recovery (or a promotion pending): promoted, or the writer
+	timeline   atomic.Uint32 // of the last record it replayed, where the monitor could read it (PostgreSQL 19); 0: unknown
 	lag        atomic.Int64  // lower bound on replay lag, ns (see history)
 	lagAt      atomic.Int64  // when lag was measured, unix ns; 0 = never
 	waits      atomic.Int64  // reads waiting on this replica (max_waits, overload.go)

@@ -114,6 +114,10 @@ const (
 	// FallbackPositionLost: the session's position had been lost and could
 	// not be read again from the primary, so no replica could be checked.
 	FallbackPositionLost
+	// FallbackCannotWait: the replica refused to wait for the watermark
+	// here and now (PostgreSQL 19 refuses a wait while the session holds a
+	// lock); nothing is wrong with the node.
+	FallbackCannotWait
 
 	fallbackCount // the size of FallbackCounts
 )
@@ -126,11 +130,12 @@ var fallbackNames = [...]string{
 	FallbackRefused:      "replica refused",
 	FallbackNoReplica:    "no replica usable",
 	FallbackPositionLost: "position lost",
+	FallbackCannotWait:   "replica cannot wait",
 }
 
 // String names the reason ("replica behind", "replica unreachable",
 // "replica promoted", "replica refused", "no replica usable", "position
-// lost"), or "" for FallbackNone.
+// lost", "replica cannot wait"), or "" for FallbackNone.
 func (f Fallback) String() string {
 	if int(f) < len(fallbackNames) {
 		return fallbackNames[f]

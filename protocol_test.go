@@ -43,6 +43,7 @@ const (
 	protoReadWriter = "SELECT v FROM t WHERE id = $1 /* pgryw:primary */"
 	protoCapture    = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn()), to_regprocedure('pg_catalog.pg_current_wal_insert_lsn()')::oid"
 	protoPoll       = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
+	protoRecovery   = "SELECT pg_catalog.pg_is_in_recovery(), COALESCE(r.last_replayed_end_lsn, pg_catalog.pg_last_wal_replay_lsn()), r.last_replayed_tli, r.promote_triggered FROM (SELECT) AS one LEFT JOIN pg_catalog.pg_stat_recovery AS r ON true"
 	protoCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
 
 	protoStart   = "0/2000000"  // the replica's replay position before the write
@@ -195,8 +196,15 @@ type protoReplica struct {
 	replay string   // replay position, as every poll reports it
 	next   []string // positions replay takes, one per batch of the pool's as it arrives
 	status string   // WAIT FOR LSN's status
-	waits  []string // WAIT FOR texts received
-	reads  int      // executions of protoRead
+	// waitErr, when set, is the SQLSTATE WAIT FOR raises instead of
+	// answering with status.
+	waitErr string
+	waits   []string // WAIT FOR texts received
+	// tli and promoting: pg_stat_recovery's last_replayed_tli and
+	// promote_triggered, as the monitor reads them on PostgreSQL 19 ("":
+	// NULL, as for a role without pg_read_all_stats).
+	tli, promoting string
+	reads          int // executions of protoRead
 	// promoted: the standby was promoted; like PostgreSQL 14 and later it
 	// says so (in_hot_standby off) with its next answer to a read.
 	promoted bool
@@ -230,8 +238,20 @@ func (r *protoReplica) answer(c *pgfake.Conn, b pgfake.Batch) []pgproto3.Backend
 				Cols: []pgfake.Column{{Name: "pg_last_wal_replay_lsn", OID: 3220}, {Name: "pg_is_in_recovery", OID: 16}},
 				Rows: [][][]byte{pgfake.Row(r.replay, "t")},
 			}
+		case q.SQL == protoRecovery:
+			row := [][]byte{[]byte("t"), []byte(r.replay), nil, nil}
+			if r.tli != "" {
+				row[2], row[3] = []byte(r.tli), []byte(r.promoting)
+			}
+			return pgfake.Result{
+				Cols: []pgfake.Column{{Name: "pg_is_in_recovery", OID: 16}, {Name: "coalesce", OID: 3220}, {Name: "last_replayed_tli", OID: 23}, {Name: "promote_triggered", OID: 16}},
+				Rows: [][][]byte{row},
+			}
 		case strings.HasPrefix(q.SQL, "WAIT FOR LSN "):
 			r.waits = append(r.waits, q.SQL)
+			if r.waitErr != "" && !q.Describe {
+				return pgfake.Result{Err: pgfake.Error(r.waitErr, "WAIT refused (scripted)")}
+			}
 			return pgfake.Result{Cols: []pgfake.Column{{Name: "status", OID: 25}}, Rows: [][][]byte{pgfake.Row(r.status)}, Tag: "WAIT"}
 		case q.SQL == protoRead:
 			res := pgfake.Result{Params: []uint32{20}, Cols: []pgfake.Column{{Name: "v", OID: 25}}}
@@ -298,7 +318,7 @@ func monitorPoll(b pgfake.Batch) bool {
 	}
 	switch m := b.Msgs[0].(type) {
 	case *pgproto3.Query:
-		return m.String == protoPoll
+		return m.String == protoPoll || m.String == protoRecovery
 	case *pgproto3.Terminate:
 		return true
 	}

@@ -453,6 +453,14 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			a.drop()
 			cn.skip(b.node, FallbackPromoted)
 			continue
+		case waitCannot:
+			// The session holds a lock there that pgryw did not take (a
+			// function it was told reads only took one): closing the
+			// connection releases it, and the read goes elsewhere.
+			a.drop()
+			cn.dropReplica(b)
+			cn.skip(b.node, FallbackCannotWait)
+			continue
 		case waitBusy:
 			a.drop()
 			busy = b.node
@@ -609,6 +617,9 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 			res, err := cn.c.checked(b, method, inj, *wm)
 			if err == nil && res == waitOK && method == WaitPolar {
 				res = cn.c.polarOutcome(b, a, *wm, notices)
+			}
+			if err == nil && inj.Err() != nil {
+				a.drop() // the server skipped the read behind the check
 			}
 			if err != nil || res != waitBehind {
 				return res, err

@@ -204,6 +204,12 @@ func TestRoundTrips(t *testing.T) {
 	timeoutRead := "SELECT current_setting('statement_timeout') FROM " + table + " LIMIT 1"
 	var timeout string
 	for i := 0; i < 4; i++ { // prepared on every replica, as in the warm-up
+		// Both replicas known caught up, so that the reads take turns: a
+		// WAIT FOR that succeeded teaches only its own replica.
+		if err := cluster.WaitCaughtUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		learn()
 		if err := db.QueryRow(timeoutRead).Scan(&timeout); err != nil {
 			t.Fatal(err)
 		}

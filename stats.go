@@ -60,6 +60,10 @@ type NodeStats struct {
 	// the first measurement.
 	Lag   time.Duration
 	LagAt time.Time
+	// Timeline is a replica's timeline, of the last record it replayed,
+	// as the monitor read it from pg_stat_recovery (PostgreSQL 19 and
+	// later, for a role with pg_read_all_stats); 0 when unknown.
+	Timeline uint32
 
 	// Pinned, on the primary: connections whose reads stay there now
 	// because of session state they hold (Stats.Pinned; Stats.PinnedBy
@@ -211,6 +215,7 @@ func (c *Connector) nodeStats(n *node, role Role) NodeStats {
 		s.Position = uint64(c.topo.hist.latest())
 	} else {
 		s.Position = uint64(n.knownReplay())
+		s.Timeline = n.timeline.Load()
 		if at := n.lagAt.Load(); at != 0 {
 			s.Lag, s.LagAt = time.Duration(n.lag.Load()), time.Unix(0, at)
 		}

@@ -33,21 +33,39 @@ const (
 	// its last replay position, so the position alone cannot tell promotion
 	// from lag.
 	sqlPoll = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
+	// sqlRecovery is the monitor's probe on PostgreSQL 19 and later: the
+	// pg_stat_recovery view has the replay position, its timeline and
+	// whether a promotion is pending in one row, read at once. It has no
+	// row when the node is not in recovery, nor for a role without
+	// pg_read_all_stats: then the functions answer (position only).
+	sqlRecovery = "SELECT pg_catalog.pg_is_in_recovery(), COALESCE(r.last_replayed_end_lsn, pg_catalog.pg_last_wal_replay_lsn())," +
+		" r.last_replayed_tli, r.promote_triggered FROM (SELECT) AS one LEFT JOIN pg_catalog.pg_stat_recovery AS r ON true"
 	// sqlCaptureLSN is sqlCapture's position alone, for a node where the
 	// fast-path call of the function was not yet seen to work, or failed
 	// (backend.injectCapture).
 	sqlCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
 )
 
-// waitForSQL builds the PostgreSQL 19 wait. WAIT FOR is a utility statement
-// and takes no parameters, so both operands are interpolated, from an LSN
-// integer and a duration we hold.
+// waitForSQL builds the PostgreSQL 19 wait
+// (https://www.postgresql.org/docs/19/sql-wait.html). WAIT FOR is a utility
+// statement and takes no parameters, so both operands are interpolated,
+// from an LSN integer and a duration we hold.
+//
+// TIMEOUT is an integer number of milliseconds, 0 to 2147483647, fractions
+// rounded: 0 (and so 0.5 ms or less) means no timeout at all, and 2^31 ms
+// or more is refused. The budget is sent in whole milliseconds, at least 1
+// and at most maxWaitForTimeout.
 func waitForSQL(target lsn.LSN, budget time.Duration) string {
-	ms := budget.Milliseconds()
-	if ms < 1 {
-		ms = 1 // TIMEOUT 0 would mean "wait forever"
-	}
-	return fmt.Sprintf("WAIT FOR LSN '%s' WITH (MODE 'standby_replay', TIMEOUT '%dms', NO_THROW)", target, ms)
+	return fmt.Sprintf("WAIT FOR LSN '%s' WITH (MODE 'standby_replay', TIMEOUT '%dms', NO_THROW)", target, waitForMillis(budget))
+}
+
+// maxWaitForTimeout is the largest TIMEOUT PostgreSQL 19 takes, in ms.
+const maxWaitForTimeout = 1<<31 - 1
+
+// waitForMillis is WAIT FOR's TIMEOUT for a budget: whole milliseconds,
+// never 0 (which would wait for ever), never beyond maxWaitForTimeout.
+func waitForMillis(budget time.Duration) int64 {
+	return min(max(budget.Milliseconds(), 1), maxWaitForTimeout)
 }
 
 // waitResult is what a wait learned about a replica.
@@ -59,6 +77,10 @@ const (
 	waitNotStandby                   // the node is not (or no longer) in recovery
 	waitBehind                       // a one-off check found it behind (polling may still catch up)
 	waitBusy                         // max_waits reads already wait on the replica, and a check that did not wait found it behind
+	// waitCannot: the replica refused to wait here and now (PostgreSQL 19,
+	// SQLSTATE 55000: the session holds a lock or a snapshot); nothing is
+	// wrong with the node.
+	waitCannot
 )
 
 // primaryPos is a position read on the primary, with the timeline it is on.
@@ -257,6 +279,40 @@ func parsePoll(row []string, null []bool) (replay lsn.LSN, known, inRecovery boo
 	return l, true, true, nil
 }
 
+// recovery is what the monitor learns of a node in one probe.
+type recovery struct {
+	replay     lsn.LSN
+	known      bool   // replay is known (a standby that has replayed something)
+	inRecovery bool   // a standby, with no promotion pending
+	timeline   uint32 // of the last record replayed; 0 when unknown
+}
+
+// parseRecovery reads sqlRecovery's row (or, with two columns, sqlPoll's).
+// A standby whose promotion is pending counts as not in recovery: it is
+// about to start a history of its own.
+func parseRecovery(row []string, null []bool) (recovery, error) {
+	if len(row) == 2 {
+		l, known, in, err := parsePoll(row, null)
+		return recovery{replay: l, known: known, inRecovery: in}, err
+	}
+	if len(row) != 4 || len(null) != 4 {
+		return recovery{}, errCheckLost
+	}
+	l, known, in, err := parsePoll([]string{row[1], row[0]}, []bool{null[1], null[0]})
+	r := recovery{replay: l, known: known, inRecovery: in && row[3] != "t"}
+	if err != nil || !in {
+		return r, err
+	}
+	if !null[2] {
+		tli, perr := strconv.ParseUint(row[2], 10, 32)
+		if perr != nil {
+			return r, fmt.Errorf("pgryw: replica returned an unreadable timeline %q", clip(row[2]))
+		}
+		r.timeline = uint32(tli)
+	}
+	return r, nil
+}
+
 // pollAnswer reads sqlPoll's row, sent with its own round trip or riding in
 // front of a read, and records what it says about b's node.
 func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn.LSN) (waitResult, error) {
@@ -334,6 +390,11 @@ func (c *Connector) checked(b *backend, method WaitMethod, inj *wire.Injection, 
 			b.injectionFailed(stmtPoll, err)
 			return waitBehind, nil
 		}
+		if method == WaitFor {
+			if res, ok := c.waitForRefused(err); ok {
+				return res, nil
+			}
+		}
 		return waitTimeout, err
 	}
 	row, null := inj.Row()
@@ -350,6 +411,34 @@ func (c *Connector) checked(b *backend, method WaitMethod, inj *wire.Injection, 
 		return res, err
 	}
 	return c.pollAnswer(b, row, null, wm)
+}
+
+// waitForRefused reads an error WAIT FOR raised instead of answering with
+// a status, by SQLSTATE alone (its texts changed between releases):
+//   - 57014: the statement was cancelled, by a cancel request or the
+//     session's statement_timeout (on PostgreSQL 19.0 a pending cancel wins
+//     over an expired TIMEOUT): a timeout, as the status row would say, and
+//     routed alike;
+//   - 55000: the node cannot wait here now (19.0 refuses a wait for a
+//     position not yet replayed while the session holds a heavyweight lock,
+//     and one inside a transaction that holds a snapshot): the read goes
+//     elsewhere, and nothing is wrong with the node.
+//
+// Anything else is the caller's to handle as a failed check.
+func (c *Connector) waitForRefused(err error) (waitResult, bool) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return 0, false
+	}
+	switch pgErr.Code {
+	case sqlstateQueryCanceled:
+		c.stats.waitTimeouts.Add(1)
+		return waitTimeout, true
+	case sqlstateObjectState:
+		c.stats.waitRefusals.Add(1)
+		return waitCannot, true
+	}
+	return 0, false
 }
 
 // configError returns err when a failed wait points at a configuration

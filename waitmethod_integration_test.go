@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgryw/pgryw"
 	"github.com/pgryw/pgryw/internal/pgtest"
@@ -16,6 +19,8 @@ import (
 // The server that ran is the one CI asked for: PGRYW_EXPECT_MAJOR (set by
 // make test for each server version) must match the cluster's major
 // version, so a missing build can never pass as another version's run.
+// With PGRYW_EMULATE_PG19=1 the replicas must sit behind the WAIT FOR
+// emulation and report PostgreSQL 19.
 func TestIntegrationExpectedServer(t *testing.T) {
 	pgtest.Require(t, cluster)
 	want := os.Getenv("PGRYW_EXPECT_MAJOR")
@@ -24,6 +29,27 @@ func TestIntegrationExpectedServer(t *testing.T) {
 	if want != "" && want != strconv.Itoa(got) {
 		t.Fatalf("PGRYW_EXPECT_MAJOR=%s but the cluster runs PostgreSQL %d", want, got)
 	}
+	if os.Getenv(pgtest.EmulateEnv) != "1" {
+		return
+	}
+	if len(cluster.WaitForFronts()) != len(cluster.Replicas) {
+		t.Fatalf("%s=1 but the replicas are not behind the WAIT FOR emulation", pgtest.EmulateEnv)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, "postgres://postgres@"+cluster.ReplicaAddrs()[0]+"/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if v := conn.PgConn().ParameterStatus("server_version"); !strings.HasPrefix(v, "19.") {
+		t.Fatalf("the emulation reports server_version %q", v)
+	}
+}
+
+// emulatesOr19 reports whether the replicas take WAIT FOR: PostgreSQL 19,
+// or the emulation.
+func emulatesOr19() bool {
+	return cluster.ServerVersionNum >= 190000 || cluster.WaitForFronts() != nil
 }
 
 // With wait_method=auto, a PostgreSQL 19 replica is made to wait with WAIT
@@ -39,10 +65,10 @@ func TestIntegrationWaitMethodAuto(t *testing.T) {
 	if s.ReplicaReads == 0 {
 		t.Fatal("no read was served by a replica")
 	}
-	if cluster.ServerVersionNum >= 190000 && waitFors == 0 {
+	if emulatesOr19() && waitFors == 0 {
 		t.Fatal("PostgreSQL 19 replicas, wait_method=auto, and no WAIT FOR LSN was sent")
 	}
-	if cluster.ServerVersionNum < 190000 && waitFors != 0 {
+	if !emulatesOr19() && waitFors != 0 {
 		t.Fatalf("PostgreSQL %d replicas were sent %d WAIT FOR LSN", cluster.ServerVersionNum/10000, waitFors)
 	}
 }
