@@ -53,6 +53,19 @@ func TestNoEngineStepsAside(t *testing.T) {
 	}
 }
 
+// With -require (make test-docker) a missing engine is a failure.
+func TestNoEngineRequired(t *testing.T) {
+	t.Setenv("DOCKER_HOST", "unix:///nonexistent.sock")
+	marker := filepath.Join(t.TempDir(), "ran")
+	code, _, stderr, _ := runPgdocker(t, "-require", "-replicas", "1", "touch", marker)
+	if code != 1 || !strings.Contains(stderr, "-require") {
+		t.Errorf("exit status %d, stderr %q; want 1, naming -require", code, stderr)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("the command ran without a Docker engine")
+	}
+}
+
 // TestServeNoEngine: serve tells pgtest (PGRYW_PG_PROVIDER=docker) why it
 // started nothing, in the reply pgtest parses.
 func TestServeNoEngine(t *testing.T) {
