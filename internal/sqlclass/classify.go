@@ -75,6 +75,20 @@ type Result struct {
 	// Chain: the first statement is COMMIT AND CHAIN or ROLLBACK AND CHAIN,
 	// which leaves a new transaction block open.
 	Chain bool
+	// Node: the statement reads something whose answer depends on the
+	// node that gives it (node identity and node-local state: see
+	// nodeFuncs, nodeRelations, nodeSettings), so the writer must answer
+	// it as a connection to the writer alone would. It changes nothing:
+	// it is not Write, and ReadOnly still says whether a standby could
+	// run it.
+	Node bool
+	// NodeReason names what made Node, e.g. "pg_is_in_recovery()".
+	NodeReason string
+	// TxLocal: inside a transaction block, the statement's effects end
+	// with the transaction (SET LOCAL, SET TRANSACTION, SET CONSTRAINTS,
+	// savepoints, a cursor without HOLD and FETCH, MOVE, CLOSE): it
+	// touches no state that outlives the block.
+	TxLocal bool
 }
 
 // State is a set of kinds of session state.
@@ -229,6 +243,10 @@ func stricter(a, b Result) Result {
 	}
 	a.Write = a.Write || b.Write
 	a.Pin = a.Pin || b.Pin
+	if b.Node && !a.Node {
+		a.Node, a.NodeReason = true, b.NodeReason
+	}
+	a.TxLocal = a.TxLocal && b.TxLocal
 	a.Mixed = a.Mixed || b.Mixed
 	a.Chain = a.Chain || b.Chain
 	if a.Hint != HintPrimary && b.Hint != HintNone {
@@ -328,6 +346,8 @@ func lookupKeyword(s string) keyword {
 // part is the classification of one statement.
 type part struct {
 	write, pin bool
+	txLocal    bool   // its effects end with the transaction block (Result.TxLocal)
+	node       string // what makes the answer depend on the node ("": nothing)
 	tx         TxOp
 	reason     string
 	state      State
@@ -493,11 +513,13 @@ func (c *classifier) run(ts []stok) Result {
 		return res
 	}
 	n, anyTx := 0, false
+	res.TxLocal = true
 	for start := 0; start < len(ts); {
 		end := stmtEnd(ts, start)
 		if end > start {
 			p := c.stmt(ts[start:end], 0)
 			n++
+			res.TxLocal = res.TxLocal && (p.txLocal || p.tx == TxSavepoint)
 			if n == 1 {
 				res.Tx = p.tx
 				res.Reason = p.reason
@@ -510,6 +532,9 @@ func (c *classifier) run(ts []stok) Result {
 			}
 			res.Write = res.Write || p.write
 			res.Pin = res.Pin || p.pin
+			if p.node != "" && !res.Node {
+				res.Node, res.NodeReason = true, p.node
+			}
 			res.State |= p.state
 			for _, n := range p.names {
 				if !contains(res.Settings, n) {
@@ -521,6 +546,7 @@ func (c *classifier) run(ts []stok) Result {
 	}
 	if n == 0 {
 		res.Reason = "empty"
+		res.TxLocal = false
 		return res
 	}
 	if n > 1 && anyTx {
@@ -616,7 +642,13 @@ func (c *classifier) stmt(ts []stok, depth int) part {
 	case kwSelect, kwValues, kwTable, kwWith:
 		return c.query(ts)
 	case kwShow:
-		return part{reason: "SHOW"}
+		p := part{reason: "SHOW"}
+		if len(ts) >= 2 && isName(ts[1]) {
+			if name := strings.ToLower(c.src[ts[1].start:ts[1].end]); name == "all" || nodeSettings[name] {
+				p.node = "SHOW " + name
+			}
+		}
+		return p
 	case kwExplain:
 		return c.explain(ts, depth)
 	case kwCopy:
@@ -670,7 +702,9 @@ func (c *classifier) stmt(ts []stok, depth int) part {
 	case kwDeclare:
 		return c.declare(ts, depth)
 	case kwFetch, kwMove, kwClose:
-		return pinPart(t0.kw.upper(), StateCursor)
+		p := pinPart(t0.kw.upper(), StateCursor)
+		p.txLocal = true // inside a block, on a cursor of its own or one that pins
+		return p
 	case kwListen, kwUnlisten:
 		return pinPart(t0.kw.upper(), StateListen)
 	case kwDeallocate:
@@ -691,12 +725,25 @@ func (c *classifier) stmt(ts []stok, depth int) part {
 			p.reason = "CREATE TEMP"
 		}
 		return p
+	case kwDo:
+		// A DO block's code may change the session (set_config, an
+		// advisory lock, a temporary table): what its text shows is
+		// read back behind it.
+		p := writePart("DO")
+		for i := 1; i < len(ts); i++ {
+			if k := ts[i].kind; k == TokString || k == TokDollarString {
+				if st, names := BodyEffects(c.src[ts[i].start:ts[i].end]); st != 0 {
+					p.pin, p.state, p.names = true, st, names
+				}
+			}
+		}
+		return p
 	case kwWait:
 		// WAIT FOR LSN (PostgreSQL 19) must run where the caller sent it;
 		// never reroute it.
 		return writePart("WAIT FOR")
 	case kwInsert, kwUpdate, kwDelete, kwMerge, kwAlter, kwDrop, kwTruncate, kwComment,
-		kwGrant, kwRevoke, kwSecurity, kwReassign, kwImport, kwCall, kwDo, kwLock,
+		kwGrant, kwRevoke, kwSecurity, kwReassign, kwImport, kwCall, kwLock,
 		kwVacuum, kwAnalyze, kwAnalyse, kwCluster, kwReindex, kwRefresh, kwCheckpoint,
 		kwNotify:
 		return writePart(t0.kw.upper())
@@ -720,11 +767,11 @@ func (c *classifier) setStmt(ts []stok) part {
 	j := 1
 	switch keywordAt(ts, 1) {
 	case kwLocal:
-		return writePart("SET LOCAL")
+		return part{write: true, txLocal: true, reason: "SET LOCAL"}
 	case kwTransaction:
-		return writePart("SET TRANSACTION")
+		return part{write: true, txLocal: true, reason: "SET TRANSACTION"}
 	case kwConstraints:
-		return writePart("SET CONSTRAINTS")
+		return part{write: true, txLocal: true, reason: "SET CONSTRAINTS"}
 	case kwSession:
 		if keywordAt(ts, 2) == kwCharacteristics {
 			// default_transaction_isolation and friends: ordinary
@@ -1029,10 +1076,21 @@ func (c *classifier) declare(ts []stok, depth int) part {
 			}
 			p.pin = true
 			p.state |= StateCursor
+			p.txLocal = !withHold(ts[:i])
 			return p
 		}
 	}
 	return part{write: true, pin: true, state: StateCursor, reason: "DECLARE"}
+}
+
+// withHold reports WITH HOLD among a DECLARE's options (before its FOR).
+func withHold(ts []stok) bool {
+	for i := 1; i < len(ts); i++ {
+		if ts[i].kw == kwHold && ts[i-1].kw == kwWith {
+			return true
+		}
+	}
+	return false
 }
 
 // copyStmt classifies COPY. Only COPY ... TO STDOUT is a read; TO a file or

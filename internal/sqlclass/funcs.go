@@ -152,3 +152,100 @@ func IsBuiltinRead(name string) bool {
 	_, ok := volatileReads[name]
 	return ok
 }
+
+// Node identity and node-local state: reads whose answer depends on the
+// node that gives it, so that a replica's answer differs from the writer's
+// (it is in recovery, read-only, has its own backends, locks, statistics,
+// WAL position and files; a sequence's own columns show on a standby the
+// value the writer pre-logged, up to 32 ahead). Such a read is answered by
+// the writer, as it would be on a connection to the writer alone.
+
+// nodeFuncs are built-in functions of node identity and node-local state
+// (nodeFuncPrefixes covers families).
+var nodeFuncs = map[string]bool{
+	"pg_is_in_recovery": true, "pg_backend_pid": true, "inet_server_addr": true, "inet_server_port": true,
+	"pg_current_wal_lsn": true, "pg_current_wal_insert_lsn": true, "pg_current_wal_flush_lsn": true,
+	"pg_walfile_name": true, "pg_walfile_name_offset": true,
+	"pg_last_wal_replay_lsn": true, "pg_last_wal_receive_lsn": true, "pg_last_xact_replay_timestamp": true,
+	"pg_is_wal_replay_paused": true, "pg_get_wal_replay_pause_state": true,
+	"pg_current_snapshot": true, "txid_current_snapshot": true,
+	"pg_current_xact_id_if_assigned": true, "txid_current_if_assigned": true,
+	"pg_postmaster_start_time": true, "pg_conf_load_time": true, "pg_current_logfile": true,
+	"pg_control_checkpoint": true, "pg_control_recovery": true,
+	"pg_lock_status": true, "pg_blocking_pids": true, "pg_safe_snapshot_blocking_pids": true,
+	"pg_get_replication_slots": true, "pg_prepared_xact": true, "pg_show_all_settings": true,
+	"pg_show_all_file_settings": true, "pg_hba_file_rules": true, "pg_ident_file_mappings": true,
+	"pg_get_backend_memory_contexts": true, "pg_get_shmem_allocations": true,
+	"pg_sequence_last_value": true, "pg_last_committed_xact": true, "pg_listening_channels": true,
+	"pg_notification_queue_usage": true, "pg_backup_start_time": true, "pg_is_in_backup": true,
+	"pg_tablespace_location": true,
+}
+
+var nodeFuncPrefixes = [...]string{"pg_stat_get_", "pg_ls_", "pg_read_", "pg_stat_file", "pg_wal_summary"}
+
+// nodeFunc reports whether the built-in function name (unqualified) reads
+// node identity or node-local state.
+func nodeFunc(name string) bool {
+	if nodeFuncs[name] {
+		return true
+	}
+	for _, p := range nodeFuncPrefixes {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// nodeRelations are system views of node-local state (nodeRelationPrefixes
+// covers the statistics views), and the columns only a sequence has.
+var nodeRelations = map[string]bool{
+	"pg_locks": true, "pg_replication_slots": true, "pg_prepared_xacts": true, "pg_settings": true,
+	"pg_file_settings": true, "pg_hba_file_rules": true, "pg_ident_file_mappings": true,
+	"pg_backend_memory_contexts": true, "pg_shmem_allocations": true, "pg_replication_origin_status": true,
+	"pg_sequences": true, "pg_prepared_statements": true, "pg_cursors": true, "pg_wait_events": true,
+	"pg_aios": true, "pg_shmem_allocations_numa": true,
+	// A sequence's own columns.
+	"last_value": true, "log_cnt": true, "is_called": true,
+}
+
+var nodeRelationPrefixes = [...]string{"pg_stat_", "pg_statio_"}
+
+// isNodeRelation reports whether an unquoted name is one of nodeRelations
+// (matched as the server folds it, ASCII only).
+func isNodeRelation(n string) bool {
+	if len(n) < 6 || len(n) > 40 {
+		return false
+	}
+	var b [40]byte
+	for i := 0; i < len(n); i++ {
+		c := n[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b[i] = c
+	}
+	name := string(b[:len(n)])
+	if nodeRelations[name] {
+		return true
+	}
+	for _, p := range nodeRelationPrefixes {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// nodeSettings are run-time parameters whose value depends on the node: a
+// standby is read-only and in hot standby, and it has its own configuration
+// of where it listens, what it follows and how it replays.
+var nodeSettings = map[string]bool{
+	"transaction_read_only": true, "in_hot_standby": true, "port": true, "listen_addresses": true,
+	"data_directory": true, "config_file": true, "hba_file": true, "ident_file": true,
+	"primary_conninfo": true, "primary_slot_name": true, "recovery_min_apply_delay": true,
+	"hot_standby": true, "hot_standby_feedback": true, "max_standby_streaming_delay": true,
+	"max_standby_archive_delay": true, "cluster_name": true, "recovery_target_timeline": true,
+	"promote_trigger_file": true, "restore_command": true, "archive_mode": true, "archive_command": true,
+	"synchronous_standby_names": true, "wal_receiver_status_interval": true,
+}

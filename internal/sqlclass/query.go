@@ -67,6 +67,11 @@ func (c *classifier) query(ts []stok) part {
 			if t.kw != noKeyword {
 				c.queryKeyword(ts, i, &levels[cur], &p)
 			}
+			if p.node == "" && kindAt(ts, i+1) != TokLParen {
+				if n := c.src[t.start:t.end]; isNodeRelation(n) {
+					p.node = strings.ToLower(n)
+				}
+			}
 		}
 	}
 	if len(levels) != 1 {
@@ -292,6 +297,13 @@ func (c *classifier) addCall(all []stok, from, paren int, p *part) {
 		n++
 	}
 	last := name[starts[n-1]:]
+	if p.node == "" && (n == 1 || n == 2 && string(name[:starts[1]-1]) == "pg_catalog") {
+		if nodeFunc(string(last)) {
+			p.node = string(last) + "()"
+		} else if string(last) == "current_setting" && nodeSettings[c.literalName(all, paren)] {
+			p.node = "current_setting('" + c.literalName(all, paren) + "')"
+		}
+	}
 	if e := knownEffectBytes(last); e != 0 {
 		r := string(last) + "()"
 		if e == effPin {
@@ -520,6 +532,26 @@ func stateOf(name string) State {
 // all[paren] when it is a plain string literal followed by a comma (the
 // parameter name of set_config('name', ...)), lower-cased as the server
 // matches parameter names; "" otherwise.
+// literalName is the first argument of the call whose '(' is all[paren]
+// when it is a plain string literal, lower-cased ("" otherwise): the name
+// current_setting(name) or current_setting(name, missing_ok) reads.
+func (c *classifier) literalName(all []stok, paren int) string {
+	if kindAt(all, paren+1) != TokString {
+		return ""
+	}
+	switch kindAt(all, paren+2) {
+	case TokComma, TokRParen:
+	default:
+		return ""
+	}
+	t := all[paren+1]
+	s := c.src[t.start:t.end]
+	if len(s) < 2 || s[0] != '\'' || strings.IndexByte(s, '\\') >= 0 {
+		return ""
+	}
+	return strings.ToLower(strings.ReplaceAll(s[1:len(s)-1], "''", "'"))
+}
+
 func (c *classifier) literalArg(all []stok, paren int) string {
 	if kindAt(all, paren+1) != TokString || kindAt(all, paren+2) != TokComma {
 		return ""
