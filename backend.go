@@ -168,6 +168,41 @@ func (b *backend) query(ctx context.Context, query string, args []driver.NamedVa
 	return nil, driver.ErrSkip
 }
 
+// execVia is exec, through st where st was prepared on b (Stmt), else of
+// query's text.
+func (b *backend) execVia(ctx context.Context, st *Stmt, query string, args []driver.NamedValue) (driver.Result, error) {
+	ps := st.via(b)
+	if ps == nil {
+		return b.exec(ctx, query, args)
+	}
+	sent := b.sent()
+	res, err := ps.(driver.StmtExecContext).ExecContext(ctx, args)
+	return res, b.callerError(ctx, err, sent)
+}
+
+// queryVia is query, through st where st was prepared on b.
+func (b *backend) queryVia(ctx context.Context, st *Stmt, query string, args []driver.NamedValue) (driver.Rows, error) {
+	ps := st.via(b)
+	if ps == nil {
+		return b.query(ctx, query, args)
+	}
+	sent := b.sent()
+	rows, err := ps.(driver.StmtQueryContext).QueryContext(ctx, args)
+	return rows, b.callerError(ctx, err, sent)
+}
+
+// prepare prepares query on b's server connection, as pgx does (a named
+// server-side prepared statement, described: its parameters counted).
+func (b *backend) prepare(ctx context.Context, query string) (driver.Stmt, error) {
+	p, ok := b.conn.(driver.ConnPrepareContext)
+	if !ok {
+		return nil, driver.ErrSkip
+	}
+	sent := b.sent()
+	st, err := p.PrepareContext(ctx, query)
+	return st, b.callerError(ctx, err, sent)
+}
+
 // sent counts the bytes pgx has written on b's socket.
 func (b *backend) sent() uint64 {
 	if b.wire == nil {

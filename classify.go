@@ -11,6 +11,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"slices"
+
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
@@ -64,6 +66,17 @@ func (cc *classCache) learnWrite(q string) {
 	r := sqlclass.Classify(q)
 	r.Write = true
 	r.Reason = "refused by a replica (25006)"
+	cc.put(q, r)
+}
+
+// learnPrimary records that q, a read, is one a standby refuses although
+// the primary serves it (SQLSTATE code: an unlogged table, a WAL function
+// during recovery): it is answered by the primary from then on, like a
+// node-local read.
+func (cc *classCache) learnPrimary(q, code string) {
+	r := sqlclass.Classify(q)
+	r.Node = true
+	r.NodeReason = "refused by a replica (" + code + ")"
 	cc.put(q, r)
 }
 
@@ -128,7 +141,7 @@ func (c *Connector) mayWrite(r *sqlclass.Result) bool {
 // catalogBackoffMax, so a down primary is not hammered.
 type funcCatalog struct {
 	mu      sync.RWMutex
-	known   map[string]bool      // name -> read-only
+	known   map[string]funcInfo  // name -> what the catalog says
 	queued  map[string]bool      // pending or being asked
 	pending []string             // waiting for the worker's next turn
 	retry   map[string]time.Time // failed names: not asked again before then
@@ -137,6 +150,7 @@ type funcCatalog struct {
 	notBefore time.Time // the worker's next turn waits until then
 
 	idle    time.Duration // 0: catalogIdle; tests shorten it
+	turn    chan struct{} // closed (and replaced) at the end of each turn
 	running bool          // a worker goroutine is running
 	closed  bool          // Connector.Close: no worker starts any more
 	wake    chan struct{}
@@ -163,17 +177,141 @@ const (
 // bool_and is NULL when no function has that name (unknown stays a write),
 // false when any overload is volatile. An unqualified name matches every
 // schema. The casts to name truncate as identifiers in SQL are truncated.
-const sqlFuncVolatility = `SELECT q.i, bool_and(p.provolatile <> 'v')
+//
+// With it comes the code of every overload written in SQL or PL/pgSQL (the
+// languages whose text tells something), for sqlclass.BodyEffects: what
+// calling the function may do to the session.
+const sqlFuncVolatility = `SELECT q.i, bool_and(p.provolatile <> 'v'),
+  string_agg(CASE WHEN l.lanname IN ('sql', 'plpgsql') THEN p.prosrc END, E'\n')
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS q(nsp, name, i)
-LEFT JOIN (pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace)
+LEFT JOIN (pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+  JOIN pg_catalog.pg_language l ON l.oid = p.prolang)
   ON p.proname = q.name::name AND (q.nsp = '' OR n.nspname = q.nsp::name)
 GROUP BY q.i`
 
+// funcInfo is what the catalog says of a function name.
+type funcInfo struct {
+	readOnly bool           // every overload is stable or immutable
+	state    sqlclass.State // what its code may do to the session (BodyEffects)
+	settings []string       // run-time parameters it sets by name
+}
+
 func (fc *funcCatalog) lookup(name string) (readOnly, known bool) {
 	fc.mu.RLock()
-	readOnly, known = fc.known[name]
+	fi, known := fc.known[name]
 	fc.mu.RUnlock()
-	return
+	return fi.readOnly, known
+}
+
+// effects returns what calling name may do to the session, as far as the
+// catalog has said.
+func (fc *funcCatalog) effects(name string) (sqlclass.State, []string) {
+	fc.mu.RLock()
+	fi := fc.known[name]
+	fc.mu.RUnlock()
+	return fi.state, fi.settings
+}
+
+// catalogWait bounds how long a statement waits for the catalog to answer
+// about the functions it calls.
+const catalogWait = 2 * time.Second
+
+// awaitFuncs waits, within ctx and catalogWait, until the catalog has
+// answered about every function r calls (or failed to): what a function
+// does to the session must be known before the first call runs, or the
+// settings it makes would not reach the replicas. It returns at once when
+// everything is known, which is every call but the first few.
+func (c *Connector) awaitFuncs(ctx context.Context, r *sqlclass.Result) {
+	if len(r.Funcs) == 0 || c.noCatalog {
+		return
+	}
+	var deadline <-chan time.Time
+	for {
+		fc := &c.funcs
+		fc.mu.Lock()
+		pending := false
+		backingOff := time.Now().Before(fc.notBefore) // the primary did not answer: do not wait on it
+		for _, f := range r.Funcs {
+			if backingOff {
+				break
+			}
+			if _, ok := fc.known[f]; !ok && fc.queued[f] && !c.readFuncs[f] && !c.writeFuncs[f] {
+				pending = true
+				break
+			}
+		}
+		if !pending {
+			fc.mu.Unlock()
+			return
+		}
+		if fc.turn == nil {
+			fc.turn = make(chan struct{})
+		}
+		turn := fc.turn
+		fc.mu.Unlock()
+		if deadline == nil {
+			t := time.NewTimer(catalogWait)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case <-turn:
+		case <-ctx.Done():
+			return
+		case <-deadline:
+			return
+		}
+	}
+}
+
+// classify is the classification of query with what the catalog knows of
+// the functions it calls (see awaitFuncs, withFuncEffects).
+func (c *Connector) classify(ctx context.Context, query string) sqlclass.Result {
+	r := c.classes.get(query)
+	if len(r.Funcs) == 0 {
+		return r
+	}
+	for _, f := range r.Funcs {
+		c.funcReadOnly(f) // asks the catalog about names it has not seen
+	}
+	c.awaitFuncs(ctx, &r)
+	c.withFuncEffects(&r)
+	return r
+}
+
+// withFuncEffects adds to r what the functions it calls may do to the
+// session, from the catalog and write_functions/read_functions: such a
+// statement touches session state (it runs on the primary, and the
+// state is read back behind it), as if the code were written in it.
+func (c *Connector) withFuncEffects(r *sqlclass.Result) {
+	if len(r.Funcs) == 0 {
+		return
+	}
+	var st sqlclass.State
+	var names []string
+	for _, f := range r.Funcs {
+		if c.readFuncs[f] {
+			continue
+		}
+		fst, fnames := c.funcs.effects(f)
+		st |= fst
+		for _, n := range fnames {
+			if !slices.Contains(names, n) && !slices.Contains(r.Settings, n) {
+				names = append(names, n)
+			}
+		}
+	}
+	if st == 0 {
+		return
+	}
+	r.Pin = true
+	r.State |= st
+	if len(names) > 0 {
+		r.Settings = slices.Concat(r.Settings, names)
+	}
+	if r.Reason == "SELECT" {
+		r.Reason = "a function that changes the session"
+	}
 }
 
 // funcReadOnly reports whether f may run on a replica; an unknown name
@@ -219,7 +357,7 @@ func (c *Connector) askCatalog(f string) {
 		return
 	}
 	if fc.known == nil {
-		fc.known = map[string]bool{}
+		fc.known = map[string]funcInfo{}
 		fc.queued = map[string]bool{}
 		fc.retry = map[string]time.Time{}
 		fc.wake = make(chan struct{}, 1)
@@ -227,7 +365,7 @@ func (c *Connector) askCatalog(f string) {
 	if !utf8.ValidString(f) || strings.IndexByte(f, 0) >= 0 {
 		// No catalog of a UTF-8 database has it, and the server would
 		// refuse the whole batch over it.
-		fc.known[f] = false
+		fc.known[f] = funcInfo{}
 		return
 	}
 	fc.queued[f] = true
@@ -338,7 +476,7 @@ func (c *Connector) askBatch(ctx context.Context, b *backend, names []string) *b
 		b = nil
 	}
 	var (
-		ro  []bool
+		ro  []funcInfo
 		err error
 	)
 	if b == nil {
@@ -360,9 +498,13 @@ func (c *Connector) askBatch(ctx context.Context, b *backend, names []string) *b
 
 // answered records a turn's outcome: each name's answer, or on failure a
 // backoff before the worker, and each of these names, try again.
-func (fc *funcCatalog) answered(names []string, ro []bool, err error, stopping bool) {
+func (fc *funcCatalog) answered(names []string, ro []funcInfo, err error, stopping bool) {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
+	if fc.turn != nil {
+		close(fc.turn)
+		fc.turn = nil
+	}
 	for _, f := range names {
 		delete(fc.queued, f)
 	}
@@ -400,8 +542,9 @@ func (fc *funcCatalog) answered(names []string, ro []bool, err error, stopping b
 }
 
 // queryVolatility asks the primary over b whether each of names is
-// read-only, in one query; ro[i] answers names[i].
-func queryVolatility(ctx context.Context, b *backend, names []string) ([]bool, error) {
+// read-only, and what its code may do to the session, in one query; ro[i]
+// answers names[i].
+func queryVolatility(ctx context.Context, b *backend, names []string) ([]funcInfo, error) {
 	if b.pg == nil {
 		return nil, errors.New("pgryw: catalog look-up needs a pgx connection")
 	}
@@ -430,13 +573,17 @@ func queryVolatility(ctx context.Context, b *backend, names []string) ([]bool, e
 	if len(res.Rows) != len(names) {
 		return nil, fmt.Errorf("pgryw: catalog look-up returned %d rows for %d names", len(res.Rows), len(names))
 	}
-	ro := make([]bool, len(names))
+	ro := make([]funcInfo, len(names))
 	for _, row := range res.Rows {
+		if len(row) != 3 {
+			return nil, fmt.Errorf("pgryw: catalog look-up returned %d columns", len(row))
+		}
 		i, err := strconv.Atoi(string(row[0]))
 		if err != nil || i < 1 || i > len(names) {
 			return nil, fmt.Errorf("pgryw: catalog look-up returned row number %q for %d names", row[0], len(names))
 		}
-		ro[i-1] = string(row[1]) == "t"
+		st, settings := sqlclass.BodyEffects(string(row[2]))
+		ro[i-1] = funcInfo{readOnly: string(row[1]) == "t", state: st, settings: settings}
 	}
 	return ro, nil
 }

@@ -95,11 +95,67 @@ func (cn *Conn) Prepare(query string) (driver.Stmt, error) {
 	return cn.PrepareContext(context.Background(), query)
 }
 
-// PrepareContext implements driver.ConnPrepareContext. Nothing is sent to a
-// server: which node runs the statement is decided at each execution, and pgx
-// caches the server-side prepared statement on whichever node that is.
+// PrepareContext implements driver.ConnPrepareContext. As with pgx, the
+// statement is prepared on the server at once, so that a statement that
+// cannot be prepared (a missing table, a syntax error) fails here and
+// NumInput counts its parameters: on the primary, where pgx would prepare
+// it, and inside a read-only transaction on a replica there too (where it
+// runs, and where a failure aborts the transaction as pgx's would). Which
+// node runs it is still decided at each execution (see Stmt).
 func (cn *Conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	return &Stmt{cn: cn, query: query}, nil
+	if err := cn.settlePending(ctx, false); err != nil {
+		return nil, err
+	}
+	st := &Stmt{cn: cn, query: query}
+	if t := cn.tx; t != nil && t.onReplica {
+		// pgx keeps one server-side statement per connection and text:
+		// if the primary connection has this one, pgx would answer from
+		// it without a word to the server, whatever state its
+		// transaction is in. Otherwise its Parse would run inside the
+		// transaction, which runs on the replica: its answer is the
+		// replica's (an error aborts the transaction).
+		var prim driver.Stmt
+		cached := false
+		if cn.primary.idle() {
+			sent := cn.primary.sent()
+			if ps, err := cn.primary.prepare(ctx, query); err == nil {
+				prim, cached = ps, cn.primary.sent() == sent
+			}
+		}
+		if cached {
+			st.preps = append(st.preps, prepared{on: cn.primary, ps: prim})
+			return st, nil
+		}
+		ps, err := t.b.prepare(ctx, query)
+		if err != nil {
+			t.aborted = true
+			if prim != nil {
+				prim.Close()
+			}
+			return nil, err
+		}
+		st.preps = append(st.preps, prepared{on: t.b, ps: ps})
+		if prim != nil {
+			st.preps = append(st.preps, prepared{on: cn.primary, ps: prim})
+		}
+		return st, nil
+	}
+	if cn.tx == nil {
+		if err := cn.checkPrimary(ctx); err != nil {
+			return nil, err
+		}
+	}
+	reset := cn.armReset()
+	ps, err := cn.primary.prepare(ctx, query)
+	if reset != nil {
+		cn.primary.wire.Disarm()
+		cn.settleReset(ctx, reset)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st.preps = append(st.preps, prepared{on: cn.primary, ps: ps})
+	return st, nil
 }
 
 // Begin implements driver.Conn.
@@ -252,18 +308,24 @@ func (cn *Conn) IsValid() bool {
 
 // ExecContext implements driver.ExecerContext.
 func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	return cn.exec(ctx, query, args, nil)
+}
+
+// exec is ExecContext, of a prepared statement's text when st is not nil:
+// where st was prepared, it runs through it.
+func (cn *Conn) exec(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Result, error) {
 	if err := cn.settlePending(ctx, false); err != nil {
 		return nil, err
 	}
 	if cn.tx != nil {
-		return cn.tx.exec(ctx, query, args)
+		return cn.tx.exec(ctx, query, args, st)
 	}
 	if cn.c.plain {
-		res, err := cn.primary.exec(ctx, query, args)
+		res, err := cn.primary.execVia(ctx, st, query, args)
 		cn.servedPlain(ctx, false)
 		return res, err
 	}
-	cls := cn.c.classes.get(query)
+	cls := cn.c.classify(ctx, query)
 	toReplica, err := cn.routeReplica(ctx, &cls)
 	if err != nil {
 		return nil, err
@@ -280,16 +342,16 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 			return res, err
 		}
 	}
-	return cn.execPrimary(ctx, query, args, cls, toReplica)
+	return cn.execPrimary(ctx, query, args, cls, toReplica, st)
 }
 
 // execPrimary runs ExecContext's statement on the primary.
-func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool) (driver.Result, error) {
+func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool, st *Stmt) (driver.Result, error) {
 	if err := cn.checkPrimary(ctx); err != nil {
 		return nil, err
 	}
 	ws := cn.beforePrimary(ctx, &cls)
-	res, err := cn.primary.exec(ctx, query, args)
+	res, err := cn.primary.execVia(ctx, st, query, args)
 	if cn.staleRead(&cls, &ws, err) {
 		cn.afterPrimary(ctx, &ws, err)
 		ws = cn.beforePrimary(ctx, &cls)
@@ -306,18 +368,24 @@ func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.Nam
 
 // QueryContext implements driver.QueryerContext.
 func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	return cn.query(ctx, query, args, nil)
+}
+
+// query is QueryContext, of a prepared statement's text when st is not
+// nil: where st was prepared, it runs through it.
+func (cn *Conn) query(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Rows, error) {
 	if err := cn.settlePending(ctx, false); err != nil {
 		return nil, err
 	}
 	if cn.tx != nil {
-		return cn.tx.query(ctx, query, args)
+		return cn.tx.query(ctx, query, args, st)
 	}
 	if cn.c.plain {
-		rows, err := cn.primary.query(ctx, query, args)
+		rows, err := cn.primary.queryVia(ctx, st, query, args)
 		cn.servedPlain(ctx, false)
 		return rows, err
 	}
-	cls := cn.c.classes.get(query)
+	cls := cn.c.classify(ctx, query)
 	toReplica, err := cn.routeReplica(ctx, &cls)
 	if err != nil {
 		return nil, err
@@ -337,16 +405,16 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 			return &afterRows{Rows: rows, done: func(error) { done() }}, nil
 		}
 	}
-	return cn.queryPrimary(ctx, query, args, cls, toReplica)
+	return cn.queryPrimary(ctx, query, args, cls, toReplica, st)
 }
 
 // queryPrimary runs QueryContext's statement on the primary.
-func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool) (driver.Rows, error) {
+func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool, st *Stmt) (driver.Rows, error) {
 	if err := cn.checkPrimary(ctx); err != nil {
 		return nil, err
 	}
 	ws := cn.beforePrimary(ctx, &cls)
-	rows, err := cn.primary.query(ctx, query, args)
+	rows, err := cn.primary.queryVia(ctx, st, query, args)
 	if cn.staleRead(&cls, &ws, err) {
 		cn.afterPrimary(ctx, &ws, err)
 		ws = cn.beforePrimary(ctx, &cls)
@@ -401,6 +469,7 @@ func (cn *Conn) lostRead(ctx context.Context, cls *sqlclass.Result, ws *primaryS
 func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, error) {
 	toReplica, refused := decide(routeInput{
 		read:        cn.c.readOnly(cls),
+		node:        cls.Node,
 		hintReplica: cls.Hint == sqlclass.HintReplica || wantsReplica(ctx),
 		hintPrimary: cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx),
 		pinned:      cn.pins != 0,
@@ -419,6 +488,7 @@ func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, e
 // database/sql transaction depends on.
 type routeInput struct {
 	read        bool // only reads: the classifier, the catalog, read_/write_functions
+	node        bool // its answer depends on the node (node identity, node-local state)
 	hintReplica bool // /* pgryw:replica */ or WithReplica(ctx)
 	hintPrimary bool // /* pgryw:primary */ or WithPrimary(ctx)
 	pinned      bool // session state lives on this connection's primary session
@@ -438,9 +508,10 @@ func decide(in routeInput) (toReplica, refused bool) {
 	case !in.read || in.hintPrimary || in.inBlock:
 		return false, false
 	}
-	// A replica hint overrides pinning: the caller says the statement does
-	// not depend on this connection's session state.
-	return !in.pinned || in.hintReplica, false
+	// A replica hint overrides pinning and a node-local answer: the caller
+	// says the statement does not depend on this connection's session
+	// state, or wants a replica's answer.
+	return !in.pinned && !in.node || in.hintReplica, false
 }
 
 var (

@@ -4,16 +4,16 @@ import "testing"
 
 // The routing decision's whole table: every combination of its inputs.
 func TestDecide(t *testing.T) {
-	for i := 0; i < 1<<5; i++ {
-		in := routeInput{read: i&1 != 0, hintReplica: i&2 != 0, hintPrimary: i&4 != 0, pinned: i&8 != 0, inBlock: i&16 != 0}
+	for i := 0; i < 1<<6; i++ {
+		in := routeInput{read: i&1 != 0, hintReplica: i&2 != 0, hintPrimary: i&4 != 0, pinned: i&8 != 0, inBlock: i&16 != 0, node: i&32 != 0}
 		var wantReplica, wantRefused bool
 		switch {
 		case in.hintReplica && !in.read:
 			wantRefused = true // a write cannot obey a replica hint
 		case !in.read, in.hintPrimary, in.inBlock:
 			// a write, a primary hint, or an Exec'd block: the primary
-		case in.pinned:
-			wantReplica = in.hintReplica // session state: only a replica hint leaves
+		case in.pinned, in.node:
+			wantReplica = in.hintReplica // session state, or a node-local answer: only a replica hint leaves
 		default:
 			wantReplica = true
 		}
@@ -35,6 +35,8 @@ func TestDecide(t *testing.T) {
 		{"a read with /* pgryw:replica */ on a pinned connection", routeInput{read: true, pinned: true, hintReplica: true}, true},
 		{"a read inside an Exec'd BEGIN", routeInput{read: true, inBlock: true}, false},
 		{"both hints: primary wins", routeInput{read: true, hintPrimary: true, hintReplica: true}, false},
+		{"a node-local read", routeInput{read: true, node: true}, false},
+		{"a node-local read with /* pgryw:replica */", routeInput{read: true, node: true, hintReplica: true}, true},
 	} {
 		if got, _ := decide(c.in); got != c.want {
 			t.Errorf("%s: replica=%v, want %v", c.name, got, c.want)

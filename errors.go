@@ -109,6 +109,17 @@ func refusedByStandby(e *pgconn.PgError) bool {
 	return e.Code == sqlstateFeatureNotSupported && strings.Contains(e.Message, "hot standby")
 }
 
+// refusedAsStandby reports an error a standby raises, before anything ran,
+// for a read the primary serves: 0A000 "cannot access temporary or
+// unlogged relations during recovery", 55000 "recovery is in progress"
+// (pg_walfile_name and the like). Matched by SQLSTATE: whatever the text,
+// the primary's answer to the same read is pgx's. A refusal to start the
+// transaction at all (refusedByStandby) and an outdated statement
+// description (isStaleDescription) are told apart first.
+func refusedAsStandby(e *pgconn.PgError) bool {
+	return e.Code == sqlstateFeatureNotSupported || e.Code == sqlstateObjectState
+}
+
 // isRefusal is refusedByStandby for any error.
 func isRefusal(err error) bool {
 	var pgErr *pgconn.PgError

@@ -52,6 +52,9 @@ func TestIntegrationWriterFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fc.Close()
+	if err := installNodeProbes(fc); err != nil {
+		t.Fatal(err)
+	}
 	oldWriter, newWriter := fc.Writer, fc.Replicas[0]
 	multi := fc.MultiHostDSN()
 	// The first pool names the old writer only as a writer candidate; the
@@ -188,7 +191,7 @@ func TestIntegrationWriterFailover(t *testing.T) {
 		var port, tries int
 		for port != oldWriter.Port && time.Since(start) < servedBound {
 			tries++
-			if err := p.db.QueryRowContext(p.ctx, "SELECT inet_server_port()").Scan(&port); err != nil {
+			if err := p.db.QueryRowContext(p.ctx, "SELECT "+nodePort).Scan(&port); err != nil {
 				t.Fatalf("%s: served-by read: %v", p.name, err)
 			}
 			if port != oldWriter.Port {

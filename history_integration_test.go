@@ -361,8 +361,8 @@ func (h *histRun) setup() {
 	s.upd = fmt.Sprintf("UPDATE %s SET v = v + 1 WHERE k = $1", h.kv)
 	s.updRet = s.upd + " RETURNING v"
 	s.ins = fmt.Sprintf("INSERT INTO %s VALUES ($1, $2)", h.ops)
-	s.readAll = fmt.Sprintf("SELECT k, v, inet_server_port() FROM %s", h.kv)
-	s.readOne = fmt.Sprintf("SELECT v, inet_server_port() FROM %s WHERE k = $1", h.kv)
+	s.readAll = fmt.Sprintf("SELECT k, v, "+nodePort+" FROM %s", h.kv)
+	s.readOne = fmt.Sprintf("SELECT v, "+nodePort+" FROM %s WHERE k = $1", h.kv)
 	s.side = fmt.Sprintf("SELECT * FROM %s WHERE id = $1", h.side)
 }
 

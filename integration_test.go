@@ -34,7 +34,48 @@ func TestMain(m *testing.M) {
 		// it uses the parent's cluster.
 		os.Exit(m.Run())
 	}
-	os.Exit(pgtest.Main(m, pgtest.Options{Replicas: 2}, func(c *pgtest.Cluster) { cluster = c }))
+	os.Exit(pgtest.Main(m, pgtest.Options{Replicas: 2}, func(c *pgtest.Cluster) {
+		cluster = c
+		if c != nil {
+			if err := installNodeProbes(c); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+		}
+	}))
+}
+
+// The tests tell which node served a read by asking it, in the read
+// itself. pgryw answers node identity (inet_server_port(),
+// pg_is_in_recovery()) from the primary, as pgx on the primary would; these
+// wrappers are what text cannot show (STABLE user functions, listed in the
+// test pools' read_functions), so the node that runs the read answers them.
+const (
+	nodePort    = "ryw_port()"    // inet_server_port() of the node that ran the read
+	nodeStandby = "ryw_standby()" // pg_is_in_recovery() of the node that ran the read
+)
+
+var nodeProbes = []string{"ryw_port", "ryw_standby"}
+
+// installNodeProbes creates nodePort and nodeStandby on the writer and
+// waits for the replicas to have them.
+func installNodeProbes(c *pgtest.Cluster) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, err := sql.Open("pgx", c.WriterDSN())
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	for _, q := range []string{
+		"CREATE OR REPLACE FUNCTION ryw_port() RETURNS int STABLE LANGUAGE sql AS 'SELECT inet_server_port()'",
+		"CREATE OR REPLACE FUNCTION ryw_standby() RETURNS boolean STABLE LANGUAGE sql AS 'SELECT pg_is_in_recovery()'",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("node probes: %s: %w", q, err)
+		}
+	}
+	return c.WaitCaughtUp(ctx)
 }
 
 // openDB opens a pgryw pool on the test cluster with extra DSN keys.
@@ -55,6 +96,7 @@ func openDSN(t *testing.T, dsn string) (*sql.DB, *pgryw.Connector) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.ReadFunctions = append(cfg.ReadFunctions, nodeProbes...)
 	c, err := pgryw.NewConnector(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +203,7 @@ func insertThenRead(t *testing.T, db *sql.DB, table string, workers, iterations 
 					return
 				}
 				var v, port int
-				err := db.QueryRow("SELECT v, inet_server_port() FROM "+table+" WHERE id = $1", k).Scan(&v, &port)
+				err := db.QueryRow("SELECT v, "+nodePort+" FROM "+table+" WHERE id = $1", k).Scan(&v, &port)
 				w.reads.Add(1)
 				switch {
 				case errors.Is(err, sql.ErrNoRows):
@@ -266,7 +308,7 @@ func TestIntegrationTransactionsAndSessions(t *testing.T) {
 			}, id int) (int, bool) {
 				t.Helper()
 				var v, port int
-				err := q.QueryRowContext(ctx, "SELECT v, inet_server_port() FROM "+table+" WHERE id = $1", id).Scan(&v, &port)
+				err := q.QueryRowContext(ctx, "SELECT v, "+nodePort+" FROM "+table+" WHERE id = $1", id).Scan(&v, &port)
 				if errors.Is(err, sql.ErrNoRows) {
 					t.Fatalf("row %d not visible: stale read", id)
 				}

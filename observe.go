@@ -68,6 +68,11 @@ const (
 	RouteFallback
 	// RouteNoReplicas: the connector has no replicas; nothing is routed.
 	RouteNoReplicas
+	// RouteNodeLocal: a read of node identity or node-local state
+	// (pg_is_in_recovery(), SHOW transaction_read_only, pg_locks, a
+	// sequence's own columns...), on the primary, which answers it as a
+	// connection to the primary alone would.
+	RouteNodeLocal
 )
 
 var routeNames = [...]string{
@@ -79,6 +84,7 @@ var routeNames = [...]string{
 	RouteTransaction: "transaction",
 	RouteFallback:    "fallback",
 	RouteNoReplicas:  "no replicas",
+	RouteNodeLocal:   "node-local",
 }
 
 // String names the route: "replica", "replica hint", "write", "pinned",
@@ -375,6 +381,8 @@ func (cn *Conn) servedPrimary(ctx context.Context, cls *sqlclass.Result, idleBef
 			return RoutePrimaryHint
 		case cn.pins != 0:
 			return RoutePinned
+		case cls.Node:
+			return RouteNodeLocal
 		}
 		return RouteWrite
 	})

@@ -106,7 +106,7 @@ func overloadLoad(t *testing.T, extra string, readers, iterations int) *overload
 	db, c := openDB(t, "read_functions=pg_sleep&"+extra)
 	db.SetMaxOpenConns(readers)
 	db.SetMaxIdleConns(readers)
-	query := "SELECT v, pg_sleep(0.02), inet_server_port() FROM " + table + " WHERE id = $1 /* " + probeTag + " */"
+	query := "SELECT v, pg_sleep(0.02), " + nodePort + " FROM " + table + " WHERE id = $1 /* " + probeTag + " */"
 
 	var r overloadRun
 	stop := activityPeak(t)
@@ -328,7 +328,7 @@ func TestIntegrationMaxReplicaLag(t *testing.T) {
 			served := map[int]int{}
 			for i := 0; i < 40; i++ {
 				var v, port int
-				if err := db.QueryRowContext(ctx, "SELECT v, inet_server_port() FROM "+table+" WHERE id = 1").Scan(&v, &port); err != nil {
+				if err := db.QueryRowContext(ctx, "SELECT v, "+nodePort+" FROM "+table+" WHERE id = 1").Scan(&v, &port); err != nil {
 					t.Fatal(err)
 				}
 				served[port]++

@@ -163,11 +163,12 @@ type replicaOp struct {
 	opts  driver.TxOptions // opBegin
 	end   func() error     // opEnd
 
-	ok   bool // run succeeded: there is an answer to discard
-	rows driver.Rows
-	res  driver.Result
-	tx   driver.Tx
-	on   *backend // opBegin: where tx is open
+	ok      bool    // run succeeded: there is an answer to discard
+	checked lsn.LSN // the watermark the replica was known or checked to have replayed
+	rows    driver.Rows
+	res     driver.Result
+	tx      driver.Tx
+	on      *backend // opBegin: where tx is open
 }
 
 // run sends the statement on b.
@@ -493,6 +494,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			}
 			cn.c.stats.replicaReads.Add(1)
 			cn.servedReplica(ctx, b.node, cls, query == "")
+			op.checked = wm
 			switch {
 			case !trail:
 				return false, nil, nil
@@ -526,6 +528,16 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			// primary can run it.
 			a.drop()
 			b.node.markRefused()
+			cn.skip(b.node, FallbackRefused)
+			return cn.toPrimary(), nil, nil
+		}
+		if isPg && query != "" && refusedAsStandby(pgErr) && !isStaleDescription(pgErr) {
+			// Refused because it is a standby (an unlogged table, a WAL
+			// function during recovery): nothing ran, and the primary
+			// gives the answer pgx would. It stays there from now on.
+			a.drop()
+			cn.c.classes.learnPrimary(query, pgErr.Code)
+			*cls = cn.c.classes.get(query)
 			cn.skip(b.node, FallbackRefused)
 			return cn.toPrimary(), nil, nil
 		}

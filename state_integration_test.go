@@ -13,11 +13,11 @@ import (
 )
 
 // onReplica runs q (one row, one column) through the pool and reports
-// whether a replica served it, from pg_is_in_recovery() in the same row.
+// whether a replica served it, from nodeStandby in the same row.
 func onReplica(t *testing.T, ctx context.Context, q rowQuerier, query string, dst any) bool {
 	t.Helper()
 	var rec bool
-	if err := q.QueryRowContext(ctx, "SELECT ("+query+"), pg_is_in_recovery()").Scan(dst, &rec); err != nil {
+	if err := q.QueryRowContext(ctx, "SELECT ("+query+"), "+nodeStandby).Scan(dst, &rec); err != nil {
 		t.Fatalf("%s: %v", query, err)
 	}
 	return rec

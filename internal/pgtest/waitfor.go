@@ -99,17 +99,8 @@ func (p *WaitForProxy) Notes() []string {
 	return append([]string(nil), p.notes...)
 }
 
-// note records what the session holds, after a locked wait or poll.
-func (s *wfSession) note(ctx context.Context, what string) {
-	c, err := s.p.sideConn(ctx)
-	if err != nil {
-		return
-	}
-	var held string
-	err = c.QueryRow(ctx, `SELECT coalesce(string_agg(l.locktype || ' ' || coalesce(l.relation::regclass::text, l.objid::text, '') || ' ' || l.mode, ', '), '')
-		|| ' | ' || coalesce((SELECT state || ': ' || left(query, 200) FROM pg_stat_activity WHERE pid = $1), '')
-		FROM pg_locks l WHERE l.pid = $1 AND l.granted AND l.locktype <> 'virtualxid'`, int32(s.pid)).Scan(&held)
-	s.p.putSide(c, err)
+// note records what the session held at a locked wait or poll.
+func (s *wfSession) note(what, held string) {
 	s.p.mu.Lock()
 	defer s.p.mu.Unlock()
 	s.p.notes = append(s.p.notes, fmt.Sprintf("%s, pid %d: %s", what, s.pid, held))
@@ -246,7 +237,7 @@ func StartWaitForProxy(opts WaitForOptions) (*WaitForProxy, error) {
 	p.proxy, err = startProxy(opts.Target, func(client, server net.Conn) (func(), func()) {
 		s := &wfSession{p: p, client: client, server: server, started: make(chan struct{}),
 			stmts: map[string]*waitStmt{}, portals: map[string]*waitStmt{},
-			pollStmts: map[string]bool{}, pollPortals: map[string]bool{}, pendingRFQ: 1}
+			pollStmts: map[string]bool{}, pendingRFQ: 1}
 		s.cond = sync.NewCond(&s.mu)
 		return s.frontend, s.backend
 	})
@@ -329,8 +320,8 @@ type wfSession struct {
 	forwarded bool // something of it reached the server
 	failed    bool // an error was raised: the rest goes to the server, which skips it
 
-	stmts, portals         map[string]*waitStmt
-	pollStmts, pollPortals map[string]bool
+	stmts, portals map[string]*waitStmt
+	pollStmts      map[string]bool
 }
 
 // toClient writes the proxy's own messages to the client.
@@ -632,7 +623,13 @@ func (s *wfSession) message(t byte, body []byte) error {
 			return s.toClient(&pgproto3.BindComplete{})
 		}
 		delete(s.portals, portal)
-		s.pollPortals[portal] = s.pollStmts[stmt]
+		if s.pollStmts[stmt] {
+			// Bind starts the statement (its transaction, its locks):
+			// what the session held before it is read now.
+			if err := s.notePoll(); err != nil {
+				return err
+			}
+		}
 	case 'D':
 		if len(body) < 2 {
 			break
@@ -661,11 +658,6 @@ func (s *wfSession) message(t byte, body []byte) error {
 		portal, _, _ := cstring(body)
 		if w := s.portals[portal]; w != nil {
 			return s.execute(w, false)
-		}
-		if s.pollPortals[portal] {
-			if err := s.notePoll(); err != nil {
-				return err
-			}
 		}
 	case 'S':
 		wasForwarded := s.forwarded || s.failed
@@ -776,22 +768,23 @@ func (s *wfSession) notePoll() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	held, _, err := s.sessionState(ctx, false)
-	if err == nil && held {
+	if err == nil && held != "" {
 		s.p.counts.lockedPolls.Add(1)
-		s.note(ctx, "poll")
+		s.note("poll", held)
 	}
 	return nil
 }
 
-// sessionState reads, on a connection of the proxy's own, whether the
-// session's backend holds a lock (other than its virtual transaction id)
-// and, with snap, whether it holds a snapshot.
-func (s *wfSession) sessionState(ctx context.Context, snap bool) (locks, snapshot bool, err error) {
+// sessionState reads, on a connection of the proxy's own, the locks the
+// session's backend holds (other than its virtual transaction id; "" for
+// none) and, with snap, whether it holds a snapshot.
+func (s *wfSession) sessionState(ctx context.Context, snap bool) (locks string, snapshot bool, err error) {
 	c, err := s.p.sideConn(ctx)
 	if err != nil {
-		return false, false, err
+		return "", false, err
 	}
-	err = c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND granted AND locktype <> 'virtualxid'),
+	err = c.QueryRow(ctx, `SELECT coalesce((SELECT string_agg(locktype || ' ' || coalesce(relation::regclass::text, objid::text, '') || ' ' || mode, ', ')
+		FROM pg_locks WHERE pid = $1 AND granted AND locktype <> 'virtualxid'), ''),
 		$2 AND EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_xmin IS NOT NULL)`, int32(s.pid), snap).Scan(&locks, &snapshot)
 	s.p.putSide(c, err)
 	return locks, snapshot, err
@@ -833,13 +826,14 @@ func (s *wfSession) run(w *waitStmt, txStatus byte) (string, *pgproto3.ErrorResp
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
-	locks, snapshot, err := s.sessionState(ctx, txStatus == 'T')
+	held, snapshot, err := s.sessionState(ctx, txStatus == 'T')
 	if err != nil {
 		return "", internalError(err)
 	}
+	locks := held != ""
 	if locks {
 		c.lockedWaits.Add(1)
-		s.note(ctx, "wait")
+		s.note("wait", held)
 	}
 	if snapshot {
 		c.snapshotRefusals.Add(1)

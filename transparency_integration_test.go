@@ -1,0 +1,1012 @@
+package pgryw_test
+
+// TestTransparency is the differential checker of pgryw's second promise:
+// apart from where its reads run, a program behaves exactly as it does on
+// pgx's stdlib driver against the primary. Random programs, drawn from a
+// grammar of what applications do with database/sql (autocommit reads and
+// writes, multi-statement strings, Exec'd blocks, transactions at every
+// isolation level and read-only flag, savepoints, SET/RESET/set_config
+// literal, with parameters and inside functions, SET ROLE, advisory locks,
+// temporary tables, PREPARE/EXECUTE, cursors WITH HOLD, LISTEN/NOTIFY,
+// sequences, unlogged tables, views over volatile functions, node-identity
+// functions and views, SHOW, db.Prepare, failing statements, DSN run-time
+// parameters), run twice: through pgryw against the primary and two lagging
+// replicas, and through pgx stdlib against the primary alone, each in a
+// database of its own in the same cluster. Every step is compared
+// (columns, rows, SQLSTATE, rows affected), and after each step the
+// advisory locks a third session sees and the notifications it received;
+// at the end, the tables' contents. During the pgryw run, faults hit the
+// replicas: replay paused, replica connections cut, reset or stalled.
+// Every step must return within its context's deadline plus 100 ms.
+//
+// Differences on the written list of intended ones (transparencyIntended,
+// which README's limits repeat) are accepted; anything else fails the run,
+// which prints its seed and a minimal program.
+//
+//	go test -run TestTransparency -args -tseed=N     replays a seed
+//	PGRYW_TRANSPARENCY_PROGRAMS=N                    programs to run (CI: a few dozen)
+//	PGRYW_TRANSPARENCY_DURATION=30m                  as long as asked (make check-long)
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/faultnet"
+	"github.com/pgryw/pgryw/internal/pgtest"
+)
+
+var transparencySeed = flag.Int64("tseed", 0, "TestTransparency: seed (0: $PGRYW_TRANSPARENCY_SEED, else random)")
+
+const (
+	tpSessions     = 3
+	tpDefaultProgs = 40
+	tpSteps        = 36
+	tpStepTimeout  = 5 * time.Second
+	tpLiveness     = 100 * time.Millisecond
+	tpChannel      = "tch"
+)
+
+// A step of a program.
+type tpStep struct {
+	sess int    // the session (a *sql.Conn); -1: the pool
+	op   string // exec, query, begin, commit, rollback, prepare, sexec, squery, sclose
+	sql  string
+	args []any
+	tx   sql.TxOptions
+	stmt int // prepared statement slot
+}
+
+func (s tpStep) String() string {
+	who := "db"
+	if s.sess >= 0 {
+		who = fmt.Sprintf("s%d", s.sess)
+	}
+	switch s.op {
+	case "begin":
+		return fmt.Sprintf("%s.BeginTx(%s, read only %v)", who, sql.IsolationLevel(s.tx.Isolation), s.tx.ReadOnly)
+	case "commit", "rollback":
+		return fmt.Sprintf("%s.tx.%s()", who, s.op)
+	case "sclose":
+		return fmt.Sprintf("%s.stmt%d.Close()", who, s.stmt)
+	case "sexec", "squery":
+		return fmt.Sprintf("%s.stmt%d.%s(%v)", who, s.stmt, strings.TrimPrefix(s.op, "s"), s.args)
+	case "prepare":
+		return fmt.Sprintf("%s.stmt%d = Prepare(%q)", who, s.stmt, s.sql)
+	}
+	return fmt.Sprintf("%s.%s(%q, %v)", who, s.op, s.sql, s.args)
+}
+
+// tpResult is what a step showed the program, and the third session.
+type tpResult struct {
+	cols     []string
+	rows     [][]string
+	affected string
+	err      string
+	locks    string // advisory locks in the database, as the observer sees them
+	notified string // notifications the observer received since the last step
+	took     time.Duration
+}
+
+func (r tpResult) String() string {
+	var b strings.Builder
+	if r.err != "" {
+		fmt.Fprintf(&b, "error %s", r.err)
+	} else {
+		fmt.Fprintf(&b, "cols %v rows %v", r.cols, r.rows)
+		if r.affected != "" {
+			fmt.Fprintf(&b, " affected %s", r.affected)
+		}
+	}
+	fmt.Fprintf(&b, "; locks [%s]; notified [%s]", r.locks, r.notified)
+	return b.String()
+}
+
+// same reports whether two results show the program the same thing.
+func (r tpResult) same(o tpResult) bool {
+	return r.err == o.err && slices.Equal(r.cols, o.cols) && slices.EqualFunc(r.rows, o.rows, slices.Equal[[]string]) &&
+		r.affected == o.affected && r.locks == o.locks && r.notified == o.notified
+}
+
+// tpIntended is one intended difference between pgryw and pgx: accept
+// reports that the two results of step i differ only that way.
+type tpIntended struct {
+	id, why string
+	accept  func(prog []tpStep, i int, pgx, ryw tpResult) bool
+}
+
+// transparencyIntended is the written list of intended differences. README
+// ("What is guaranteed", its limits) says the same.
+var transparencyIntended = []tpIntended{
+	{
+		id: "deallocate-all",
+		why: "after DEALLOCATE ALL or DISCARD ALL, pgx fails the next execution of a statement it had prepared on that connection with 26000; " +
+			"a read pgryw runs on a replica, whose connection it did not reach, succeeds",
+		accept: func(prog []tpStep, i int, pgx, ryw tpResult) bool {
+			if pgx.err != "SQLSTATE 26000" || ryw.err != "" {
+				return false
+			}
+			for _, st := range prog[:i] {
+				if st.sess == prog[i].sess && (strings.EqualFold(st.sql, "DEALLOCATE ALL") || strings.EqualFold(st.sql, "DISCARD ALL")) {
+					return true
+				}
+			}
+			return false
+		},
+	},
+	{
+		id:  "replica-fails-mid-result",
+		why: "a read whose replica connection breaks after rows reached the caller fails, as it would on any server (README, Failures fall back)",
+		accept: func(prog []tpStep, i int, pgx, ryw tpResult) bool {
+			return pgx.err == "" && ryw.err != "" && !strings.HasPrefix(ryw.err, "SQLSTATE ") && prog[i].op == "query" && tpFaultsFired.Load() > 0
+		},
+	},
+}
+
+// tpFaultsFired counts connection faults that fired in the pgryw run under
+// way (tpRun resets it per program).
+var tpFaultsFired atomic.Int64
+
+// tpSchema is created in both databases.
+var tpSchema = []string{
+	"CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)",
+	"CREATE SCHEMA s1",
+	"CREATE TABLE s1.t (id int PRIMARY KEY, v int NOT NULL)",
+	"CREATE UNLOGGED TABLE u (id int PRIMARY KEY)",
+	"CREATE SEQUENCE s",
+	"CREATE TABLE tenant_rows (tenant text NOT NULL, id int NOT NULL)",
+	"INSERT INTO tenant_rows VALUES ('a', 1), ('a', 2), ('b', 3)",
+	"CREATE VIEW my_rows AS SELECT id FROM tenant_rows WHERE tenant = current_setting('app.tenant', true)",
+	"CREATE FUNCTION set_tenant(text) RETURNS void LANGUAGE plpgsql AS $$BEGIN PERFORM set_config('app.tenant', $1, false); END$$",
+	"CREATE FUNCTION lock_it(bigint) RETURNS boolean LANGUAGE sql AS 'SELECT pg_try_advisory_lock($1)'",
+	"CREATE FUNCTION make_temp() RETURNS void LANGUAGE plpgsql AS $$BEGIN CREATE TEMP TABLE IF NOT EXISTS ft (i int); END$$",
+	"CREATE FUNCTION stable_sum() RETURNS bigint STABLE LANGUAGE sql AS 'SELECT coalesce(sum(v), 0) FROM t'",
+	"CREATE FUNCTION public.f() RETURNS text STABLE LANGUAGE sql AS $$SELECT 'public'$$",
+	"CREATE FUNCTION s1.f() RETURNS text STABLE LANGUAGE sql AS $$SELECT 's1'$$",
+	"GRANT ALL ON ALL TABLES IN SCHEMA public, s1 TO ryw_t_role",
+	"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO ryw_t_role",
+	"GRANT USAGE ON SCHEMA s1 TO ryw_t_role",
+}
+
+// tpReset empties the tables between programs.
+var tpReset = []string{
+	"TRUNCATE t, s1.t, u",
+	"ALTER SEQUENCE s RESTART",
+}
+
+// tpRun is one run of the checker: its two databases and the faults.
+type tpRun struct {
+	t      *testing.T
+	seed   int64
+	dbs    [2]string // pgx's, pgryw's
+	extra  string    // DSN run-time parameters of this program
+	nw     *faultnet.Network
+	faults bool
+	txOpen atomic.Int32 // on the pgryw side: transactions open now
+	fired  atomic.Int64 // connection faults that fired in the program under way
+}
+
+func tpSeedValue(t *testing.T) int64 {
+	if *transparencySeed != 0 {
+		return *transparencySeed
+	}
+	if s := os.Getenv("PGRYW_TRANSPARENCY_SEED"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("PGRYW_TRANSPARENCY_SEED=%q: %v", s, err)
+		}
+		return n
+	}
+	return time.Now().UnixNano() & (1<<53 - 1)
+}
+
+func TestTransparency(t *testing.T) {
+	pgtest.Require(t, cluster)
+	seed := tpSeedValue(t)
+	fmt.Fprintf(os.Stderr, "transparency: seed %d\n", seed)
+	t.Logf("transparency: seed %d", seed)
+	r := &tpRun{t: t, seed: seed, nw: faultnet.New(), faults: os.Getenv("PGRYW_TRANSPARENCY_FAULTS") != "off"}
+	r.nw.OnFire = func(*faultnet.Conn, faultnet.Kind) { tpFaultsFired.Add(1) }
+	r.setup()
+	setDelay(t, 30*time.Millisecond)
+
+	progs := tpDefaultProgs
+	var deadline time.Time
+	if s := os.Getenv("PGRYW_TRANSPARENCY_PROGRAMS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			t.Fatalf("PGRYW_TRANSPARENCY_PROGRAMS=%q: want a positive integer", s)
+		}
+		progs = n
+	}
+	if s := os.Getenv("PGRYW_TRANSPARENCY_DURATION"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("PGRYW_TRANSPARENCY_DURATION=%q: %v", s, err)
+		}
+		deadline, progs = time.Now().Add(d), 1<<30
+	}
+	rng := rand.New(rand.NewPCG(uint64(seed), 7))
+	steps := 0
+	for p := 0; p < progs && (deadline.IsZero() || time.Now().Before(deadline)); p++ {
+		pseed := rng.Int64()
+		prog, extra := tpGenerate(rand.New(rand.NewPCG(uint64(pseed), 1)))
+		steps += len(prog)
+		if i, pgx, ryw := r.compare(prog, extra, pseed); i >= 0 {
+			min := r.minimize(prog, extra, pseed)
+			var b strings.Builder
+			fmt.Fprintf(&b, "transparency: seed %d, program %d (seed %d, DSN %q) differs at step %d: %s\n  pgx:   %s\n  pgryw: %s\nminimal program:\n",
+				seed, p, pseed, extra, i, prog[i], pgx, ryw)
+			for k, s := range min {
+				fmt.Fprintf(&b, "  %2d %s\n", k, s)
+			}
+			if j, pgx, ryw := r.compare(min, extra, pseed); j >= 0 {
+				fmt.Fprintf(&b, "which differs at step %d:\n  pgx:   %s\n  pgryw: %s\n", j, pgx, ryw)
+			}
+			t.Fatal(b.String())
+		}
+	}
+	t.Logf("transparency: %d steps, no difference; faults %v", steps, r.faults)
+}
+
+// setup creates the two databases and the role.
+func (r *tpRun) setup() {
+	t := r.t
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, cluster.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ryw_t_role') THEN CREATE ROLE ryw_t_role; END IF; END$$`); err != nil {
+		t.Fatal(err)
+	}
+	suffix := fmt.Sprintf("%d_%d", os.Getpid(), tableSeq.Add(1))
+	r.dbs = [2]string{"ryw_tp_pgx_" + suffix, "ryw_tp_ryw_" + suffix}
+	for _, db := range r.dbs {
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+db); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			c, err := pgx.Connect(context.Background(), cluster.WriterDSN())
+			if err == nil {
+				c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+				c.Close(context.Background())
+			}
+		})
+		dc, err := pgx.Connect(ctx, tpDSN(db, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range tpSchema {
+			if _, err := dc.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		dc.Close(ctx)
+	}
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tpDSN is the writer's URL for database db, with extra parameters.
+func tpDSN(db, extra string) string {
+	dsn := strings.Replace(cluster.WriterDSN(), "/postgres?", "/"+db+"?", 1)
+	if extra != "" {
+		dsn += "&" + extra
+	}
+	return dsn
+}
+
+// tpSide is one driver's side of a comparison.
+type tpSide struct {
+	db       *sql.DB
+	c        *pgryw.Connector // nil for pgx
+	obs      *pgx.Conn        // the third session, on the primary
+	conns    [tpSessions]*sql.Conn
+	txs      [tpSessions]*sql.Tx
+	stmts    map[int]*sql.Stmt
+	sentinel int
+	txOpen   *atomic.Int32   // transactions and blocks open: no connection is cut meanwhile
+	life     context.Context // the program's: transactions begin with it
+	end      context.CancelFunc
+	block    [tpSessions]bool
+}
+
+// open opens side i (0: pgx, 1: pgryw) for a program.
+func (r *tpRun) open(i int, extra string) (*tpSide, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db := r.dbs[i]
+	reset, err := pgx.Connect(ctx, tpDSN(db, ""))
+	if err != nil {
+		return nil, err
+	}
+	for _, q := range tpReset {
+		if _, err := reset.Exec(ctx, q); err != nil {
+			reset.Close(ctx)
+			return nil, err
+		}
+	}
+	reset.Close(ctx)
+	s := &tpSide{stmts: map[int]*sql.Stmt{}, txOpen: &r.txOpen}
+	s.life, s.end = context.WithCancel(context.Background())
+	if i == 0 {
+		s.db, err = sql.Open("pgx", tpDSN(db, extra))
+	} else {
+		var cfg *pgryw.Config
+		cfg, err = pgryw.ParseDSN(tpDSN(db, extra) + "&wait_timeout=300ms&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
+		if err == nil {
+			s.c, err = pgryw.NewConnector(cfg)
+		}
+		if err == nil {
+			pgryw.SetNetHook(s.c, r.nw.Wrap)
+			s.db = sql.OpenDB(s.c)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if s.obs, err = pgx.Connect(ctx, tpDSN(db, "")); err != nil {
+		s.db.Close()
+		return nil, err
+	}
+	if _, err := s.obs.Exec(ctx, "LISTEN "+tpChannel); err != nil {
+		s.close()
+		return nil, err
+	}
+	for k := range s.conns {
+		if s.conns[k], err = s.db.Conn(ctx); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *tpSide) close() {
+	for _, st := range s.stmts {
+		st.Close()
+	}
+	for k, tx := range s.txs {
+		if tx != nil {
+			tx.Rollback()
+			s.txs[k] = nil
+		}
+	}
+	s.txOpen.Store(0)
+	for _, c := range s.conns {
+		if c != nil {
+			c.Close()
+		}
+	}
+	s.db.Close()
+	s.obs.Close(context.Background())
+	s.end()
+}
+
+// querier is what a step runs on: a pool, a connection or a transaction.
+type querier interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+	PrepareContext(context.Context, string) (*sql.Stmt, error)
+}
+
+func (s *tpSide) on(sess int) querier {
+	if sess < 0 {
+		return s.db
+	}
+	if tx := s.txs[sess]; tx != nil {
+		return tx
+	}
+	return s.conns[sess]
+}
+
+// run runs one step and records what it showed.
+func (s *tpSide) run(st tpStep) tpResult {
+	ctx, cancel := context.WithTimeout(context.Background(), tpStepTimeout)
+	defer cancel()
+	start := time.Now()
+	var res tpResult
+	q := s.on(st.sess)
+	switch st.op {
+	case "exec":
+		if st.sess >= 0 && s.txs[st.sess] == nil {
+			s.noteBlock(st)
+		}
+		r, err := q.ExecContext(ctx, st.sql, st.args...)
+		res.err = errText(err)
+		if err == nil {
+			if n, err := r.RowsAffected(); err == nil {
+				res.affected = strconv.FormatInt(n, 10)
+			}
+		}
+	case "query":
+		rows, err := q.QueryContext(ctx, st.sql, st.args...)
+		res.readRows(rows, err)
+	case "begin":
+		if s.txs[st.sess] != nil {
+			res.err = "skipped: in a transaction"
+			break
+		}
+		// The transaction lives past this step: database/sql ends it
+		// when the context given here ends.
+		tx, err := s.conns[st.sess].BeginTx(s.life, &st.tx)
+		res.err = errText(err)
+		if err == nil {
+			s.txs[st.sess] = tx
+			s.txOpen.Add(1)
+		}
+	case "commit", "rollback":
+		tx := s.txs[st.sess]
+		if tx == nil {
+			res.err = "skipped: no transaction"
+			break
+		}
+		s.txs[st.sess] = nil
+		s.txOpen.Add(-1)
+		if st.op == "commit" {
+			res.err = errText(tx.Commit())
+		} else {
+			res.err = errText(tx.Rollback())
+		}
+	case "prepare":
+		if old := s.stmts[st.stmt]; old != nil {
+			old.Close()
+		}
+		delete(s.stmts, st.stmt)
+		stmt, err := q.PrepareContext(ctx, st.sql)
+		res.err = errText(err)
+		if err == nil {
+			s.stmts[st.stmt] = stmt
+		}
+	case "sexec", "squery":
+		stmt := s.stmts[st.stmt]
+		if stmt == nil {
+			res.err = "skipped: no statement"
+			break
+		}
+		if tx := s.txs[max(st.sess, 0)]; st.sess >= 0 && tx != nil {
+			stmt = tx.StmtContext(ctx, stmt)
+		}
+		if st.op == "sexec" {
+			r, err := stmt.ExecContext(ctx, st.args...)
+			res.err = errText(err)
+			if err == nil {
+				if n, err := r.RowsAffected(); err == nil {
+					res.affected = strconv.FormatInt(n, 10)
+				}
+			}
+		} else {
+			rows, err := stmt.QueryContext(ctx, st.args...)
+			res.readRows(rows, err)
+		}
+	case "sclose":
+		if stmt := s.stmts[st.stmt]; stmt != nil {
+			res.err = errText(stmt.Close())
+			delete(s.stmts, st.stmt)
+		}
+	}
+	res.took = time.Since(start)
+	s.observe(&res)
+	return res
+}
+
+// noteBlock keeps count of Exec'd blocks opened and ended, for the faults.
+func (s *tpSide) noteBlock(st tpStep) {
+	up := strings.ToUpper(st.sql)
+	switch {
+	case strings.HasPrefix(up, "BEGIN") && !s.block[st.sess]:
+		s.block[st.sess] = true
+		s.txOpen.Add(1)
+	case (strings.HasPrefix(up, "COMMIT") || strings.HasPrefix(up, "ROLLBACK")) && s.block[st.sess]:
+		s.block[st.sess] = false
+		s.txOpen.Add(-1)
+	}
+}
+
+func (r *tpResult) readRows(rows *sql.Rows, err error) {
+	if err != nil {
+		r.err = errText(err)
+		return
+	}
+	defer rows.Close()
+	r.cols, _ = rows.Columns()
+	for rows.Next() {
+		vals := make([]any, len(r.cols))
+		ptrs := make([]any, len(vals))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			r.err = errText(err)
+			return
+		}
+		row := make([]string, len(vals))
+		for i, v := range vals {
+			switch v := v.(type) {
+			case nil:
+				row[i] = "NULL"
+			case []byte:
+				row[i] = string(v)
+			case time.Time:
+				row[i] = v.UTC().Format(time.RFC3339Nano)
+			default:
+				row[i] = fmt.Sprint(v)
+			}
+		}
+		r.rows = append(r.rows, row)
+	}
+	r.err = errText(rows.Err())
+}
+
+// errText is what a program can tell of an error: a server error by its
+// SQLSTATE, another by its text.
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return "SQLSTATE " + pgErr.Code
+	}
+	if errors.Is(err, driver.ErrBadConn) {
+		return "driver: bad connection"
+	}
+	return err.Error()
+}
+
+// observe reads, as a third session on the primary, the advisory locks held
+// in the database and the notifications sent since the last step (up to a
+// notification of its own, which comes after every one committed before
+// it).
+func (s *tpSide) observe(res *tpResult) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.obs.QueryRow(ctx, `SELECT coalesce(string_agg(objid::text || ' ' || mode || ' ' || granted::text, ', ' ORDER BY objid, mode), '')
+		FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&res.locks)
+	if err != nil {
+		res.locks = "observer: " + err.Error()
+		return
+	}
+	s.sentinel++
+	mark := fmt.Sprintf("sentinel %d", s.sentinel)
+	if _, err := s.obs.Exec(ctx, "SELECT pg_notify($1, $2)", tpChannel, mark); err != nil {
+		res.notified = "observer: " + err.Error()
+		return
+	}
+	var got []string
+	for {
+		n, err := s.obs.WaitForNotification(ctx)
+		if err != nil {
+			res.notified = "observer: " + err.Error()
+			return
+		}
+		if n.Payload == mark {
+			break
+		}
+		got = append(got, n.Channel+":"+n.Payload)
+	}
+	res.notified = strings.Join(got, ", ")
+}
+
+// tpFinal reads database db's tables at the end of a program, with a
+// connection of its own.
+func tpFinal(db string) tpResult {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, tpDSN(db, ""))
+	if err != nil {
+		return tpResult{err: err.Error()}
+	}
+	defer conn.Close(ctx)
+	var res tpResult
+	for _, q := range []string{"SELECT 't', id, v FROM t", "SELECT 's1.t', id, v FROM s1.t", "SELECT 'u', id, 0 FROM u", "SELECT 's', last_value, is_called::int FROM s"} {
+		rows, err := conn.Query(ctx, q+" ORDER BY 2")
+		if err != nil {
+			return tpResult{err: err.Error()}
+		}
+		for rows.Next() {
+			var a string
+			var b, c int64
+			if err := rows.Scan(&a, &b, &c); err != nil {
+				res.err = err.Error()
+			}
+			res.rows = append(res.rows, []string{a, strconv.FormatInt(b, 10), strconv.FormatInt(c, 10)})
+		}
+		rows.Close()
+	}
+	return res
+}
+
+// compare runs prog on both sides and returns the first step whose results
+// differ (len(prog) for the final contents), or -1.
+func (r *tpRun) compare(prog []tpStep, extra string, pseed int64) (int, tpResult, tpResult) {
+	var results [2][]tpResult
+	var finals [2]tpResult
+	for side := 0; side < 2; side++ {
+		s, err := r.open(side, extra)
+		if err != nil {
+			r.t.Fatalf("transparency: open side %d: %v", side, err)
+		}
+		var stopFaults func()
+		tpFaultsFired.Store(0)
+		if side == 1 && r.faults {
+			stopFaults = r.startFaults(pseed)
+		}
+		for _, st := range prog {
+			res := s.run(st)
+			results[side] = append(results[side], res)
+			if res.took > tpStepTimeout+tpLiveness {
+				r.t.Errorf("transparency: %s took %v on side %d, beyond its deadline %v + %v", st, res.took, side, tpStepTimeout, tpLiveness)
+			}
+		}
+		if stopFaults != nil {
+			stopFaults()
+		}
+		s.close()
+		finals[side] = tpFinal(r.dbs[side])
+	}
+	for i := range prog {
+		a, b := results[0][i], results[1][i]
+		if a.same(b) || r.intended(prog, i, a, b) {
+			continue
+		}
+		return i, a, b
+	}
+	if !finals[0].same(finals[1]) {
+		return len(prog), finals[0], finals[1]
+	}
+	return -1, tpResult{}, tpResult{}
+}
+
+func (r *tpRun) intended(prog []tpStep, i int, a, b tpResult) bool {
+	for _, d := range transparencyIntended {
+		if d.accept(prog, i, a, b) {
+			return true
+		}
+	}
+	return false
+}
+
+// minimize drops steps from a failing program while it still fails.
+func (r *tpRun) minimize(prog []tpStep, extra string, pseed int64) []tpStep {
+	i, _, _ := r.compare(prog, extra, pseed)
+	if i < 0 {
+		return prog // did not fail again: print it whole
+	}
+	prog = prog[:min(i+1, len(prog))]
+	for k := len(prog) - 2; k >= 0; k-- {
+		try := slices.Delete(slices.Clone(prog), k, k+1)
+		if j, _, _ := r.compare(try, extra, pseed); j >= 0 {
+			prog = try[:min(j+1, len(try))]
+			if k > len(prog)-1 {
+				k = len(prog) - 1
+			}
+		}
+	}
+	return prog
+}
+
+// startFaults injects faults into the replicas while a program runs on
+// pgryw: replay paused and resumed, replica connections cut, reset or
+// stalled. It returns a function that stops them and heals the cluster.
+func (r *tpRun) startFaults(pseed int64) func() {
+	rng := rand.New(rand.NewPCG(uint64(pseed), 99))
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var ports []uint16
+	for _, a := range cluster.ReplicaAddrs() {
+		_, p, _ := strings.Cut(a, ":")
+		n, _ := strconv.Atoi(p)
+		ports = append(ports, uint16(n))
+	}
+	go func() {
+		defer close(done)
+		ctx := context.Background()
+		paused := -1
+		for {
+			select {
+			case <-stop:
+				if paused >= 0 {
+					cluster.ResumeReplay(ctx, paused)
+				}
+				return
+			case <-time.After(time.Duration(5+rng.IntN(40)) * time.Millisecond):
+			}
+			switch x := rng.IntN(10); {
+			case x < 2:
+				if paused < 0 {
+					paused = rng.IntN(len(cluster.Replicas))
+					cluster.PauseReplay(ctx, paused)
+				} else {
+					cluster.ResumeReplay(ctx, paused)
+					paused = -1
+				}
+			case x < 5:
+				// A transaction on a replica fails with its connection, as
+				// one on any server does: cut nothing while one is open.
+				f := randomFault(rng)
+				if r.txOpen.Load() != 0 && f.Kind != faultnet.Stall {
+					break
+				}
+				if cs := r.nw.Conns(ports[rng.IntN(len(ports))]); len(cs) > 0 {
+					cs[rng.IntN(len(cs))].Arm(f)
+				}
+			}
+		}
+	}()
+	return func() {
+		close(stop)
+		<-done
+		r.nw.DisarmAll()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := cluster.WaitCaughtUp(ctx); err != nil {
+			r.t.Errorf("transparency: heal: %v", err)
+		}
+	}
+}
+
+// The grammar.
+
+// tpGen keeps what a program has done so far, so that its steps make sense
+// (a COMMIT ends a transaction that is open) and cannot block one another
+// (each session writes its own rows).
+type tpGen struct {
+	rng    *rand.Rand
+	prog   []tpStep
+	inTx   [tpSessions]bool
+	roTx   [tpSessions]bool
+	block  [tpSessions]bool // an Exec'd BEGIN is open
+	nstmts int
+}
+
+// tpGenerate draws a program and its DSN run-time parameters.
+func tpGenerate(rng *rand.Rand) ([]tpStep, string) {
+	g := &tpGen{rng: rng}
+	for len(g.prog) < tpSteps {
+		g.step()
+	}
+	// End what is open, so the final contents say what committed.
+	for s := 0; s < tpSessions; s++ {
+		if g.inTx[s] {
+			g.add(tpStep{sess: s, op: "commit"})
+		}
+		if g.block[s] {
+			g.add(tpStep{sess: s, op: "exec", sql: "COMMIT"})
+		}
+	}
+	params := [][]string{
+		{},
+		{"statement_timeout=4000"},
+		{"application_name=ryw_tp"},
+		{"search_path=public"},
+		{"idle_in_transaction_session_timeout=60000", "lock_timeout=2000"},
+		{"default_transaction_isolation=repeatable%20read"},
+	}
+	return g.prog, strings.Join(params[rng.IntN(len(params))], "&")
+}
+
+func (g *tpGen) add(s tpStep) { g.prog = append(g.prog, s) }
+
+// id is a row id of session s's own (the pool's for s < 0).
+func (g *tpGen) id(s int) int64 { return int64((s+1)*10 + g.rng.IntN(4)) }
+
+func (g *tpGen) pick(xs ...string) string { return xs[g.rng.IntN(len(xs))] }
+
+var tpReads = []string{
+	"SELECT id, v FROM t ORDER BY id",
+	"SELECT count(*), coalesce(sum(v), 0) FROM t",
+	"SELECT stable_sum()",
+	"SELECT id FROM my_rows ORDER BY id",
+	"SELECT current_setting('app.tenant', true)",
+	"SHOW search_path",
+	"SELECT current_user",
+	"SELECT f()",
+	"SELECT public.f()",
+	"SELECT id, v FROM s1.t ORDER BY id",
+	"SELECT last_value, is_called FROM s",
+	"SELECT last_value FROM pg_sequences WHERE schemaname = 'public' AND sequencename = 's'",
+	"SELECT count(*) FROM u",
+	"SELECT pg_is_in_recovery()",
+	"SHOW transaction_read_only",
+	"SHOW in_hot_standby",
+	"SELECT current_setting('transaction_read_only')",
+	"SELECT inet_server_port()",
+	"SELECT count(*) FROM pg_stat_replication",
+	"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+	"SELECT count(*) FROM pg_stat_activity WHERE pid = pg_backend_pid() AND backend_type = 'client backend'",
+	"SELECT pg_walfile_name(pg_current_wal_lsn()) IS NOT NULL",
+	"SELECT count(*) FROM tt",
+	"SELECT count(*) FROM ft",
+	"SELECT currval('s')",
+	"SELECT 1/0",
+	"SELECT * FROM no_such_table",
+	"SELECT name FROM pg_prepared_statements WHERE from_sql ORDER BY name",
+	"SELECT name FROM pg_cursors WHERE is_holdable ORDER BY name",
+	"SELECT pg_listening_channels()",
+}
+
+func (g *tpGen) step() {
+	s := g.rng.IntN(tpSessions)
+	x := g.rng.IntN(100)
+	switch {
+	case x < 4: // the pool: stateless statements only
+		if g.rng.IntN(2) == 0 {
+			g.add(tpStep{sess: -1, op: "exec", sql: "INSERT INTO t VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET v = t.v + 1", args: []any{g.id(-1), int64(1)}})
+		} else {
+			g.add(tpStep{sess: -1, op: "query", sql: "SELECT id, v FROM t ORDER BY id"})
+		}
+	case x < 22:
+		g.write(s)
+	case x < 45:
+		g.add(tpStep{sess: s, op: "query", sql: tpReads[g.rng.IntN(len(tpReads))]})
+	case x < 55:
+		g.session(s)
+	case x < 68:
+		g.tx(s)
+	case x < 74:
+		g.blockStep(s)
+	case x < 82:
+		g.prepared(s)
+	default:
+		g.misc(s)
+	}
+}
+
+func (g *tpGen) write(s int) {
+	id, v := g.id(s), int64(g.rng.IntN(100))
+	switch g.rng.IntN(9) {
+	case 0:
+		g.add(tpStep{sess: s, op: "exec", sql: "INSERT INTO t VALUES ($1, $2)", args: []any{id, v}})
+	case 1:
+		g.add(tpStep{sess: s, op: "exec", sql: "UPDATE t SET v = v + 1 WHERE id = $1", args: []any{id}})
+	case 2:
+		g.add(tpStep{sess: s, op: "exec", sql: "DELETE FROM t WHERE id = $1", args: []any{id}})
+	case 3:
+		g.add(tpStep{sess: s, op: "query", sql: "INSERT INTO t VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET v = excluded.v RETURNING id, v", args: []any{id, v}})
+	case 4:
+		g.add(tpStep{sess: s, op: "exec", sql: fmt.Sprintf("INSERT INTO t VALUES (%d, %d) ON CONFLICT DO NOTHING; UPDATE t SET v = v + 1 WHERE id = %d", id, v, id)})
+	case 5:
+		g.add(tpStep{sess: s, op: "exec", sql: "INSERT INTO u VALUES ($1) ON CONFLICT DO NOTHING", args: []any{id}})
+	case 6:
+		g.add(tpStep{sess: s, op: "query", sql: g.pick("SELECT nextval('s')", "SELECT setval('s', 100)")})
+	case 7:
+		g.add(tpStep{sess: s, op: "exec", sql: "INSERT INTO t VALUES ($1, NULL)", args: []any{id}}) // 23502
+	default:
+		g.add(tpStep{sess: s, op: "exec", sql: fmt.Sprintf("INSERT INTO s1.t VALUES (%d, %d) ON CONFLICT DO NOTHING", id, v)})
+	}
+}
+
+func (g *tpGen) session(s int) {
+	switch g.rng.IntN(12) {
+	case 0:
+		g.add(tpStep{sess: s, op: "exec", sql: g.pick("SET search_path = s1, public", "SET search_path = public", "RESET search_path")})
+	case 1:
+		g.add(tpStep{sess: s, op: "query", sql: "SELECT set_config('app.tenant', $1, false)", args: []any{g.pick("a", "b")}})
+	case 2:
+		g.add(tpStep{sess: s, op: "query", sql: "SELECT set_tenant($1)", args: []any{g.pick("a", "b")}})
+	case 3:
+		g.add(tpStep{sess: s, op: "exec", sql: g.pick("SET ROLE ryw_t_role", "RESET ROLE")})
+	case 4:
+		g.add(tpStep{sess: s, op: "query", sql: g.pick("SELECT pg_try_advisory_lock($1)", "SELECT pg_advisory_unlock($1)", "SELECT lock_it($1)"), args: []any{int64(1 + g.rng.IntN(3))}})
+	case 5:
+		g.add(tpStep{sess: s, op: "query", sql: "SELECT pg_advisory_unlock_all()"})
+	case 6:
+		g.add(tpStep{sess: s, op: "exec", sql: g.pick("CREATE TEMP TABLE tt (i int)", "INSERT INTO tt VALUES (1)", "DROP TABLE tt", "SELECT make_temp()", "DROP TABLE IF EXISTS ft")})
+	case 7:
+		g.add(tpStep{sess: s, op: "exec", sql: g.pick("PREPARE p1 AS SELECT count(*) FROM t", "DEALLOCATE p1", "DEALLOCATE ALL")})
+	case 8:
+		g.add(tpStep{sess: s, op: "query", sql: "EXECUTE p1"})
+	case 9:
+		g.add(tpStep{sess: s, op: g.pick("exec", "query"), sql: g.pick("DECLARE c1 CURSOR WITH HOLD FOR SELECT id FROM t ORDER BY id", "FETCH 2 FROM c1", "CLOSE c1")})
+	case 10:
+		g.add(tpStep{sess: s, op: "exec", sql: g.pick("LISTEN "+tpChannel, "UNLISTEN *", "NOTIFY "+tpChannel+", 'hello'")})
+	default:
+		g.add(tpStep{sess: s, op: "query", sql: "SELECT pg_notify($1, $2)", args: []any{tpChannel, g.pick("x", "y")}})
+	}
+}
+
+func (g *tpGen) tx(s int) {
+	if g.block[s] {
+		return
+	}
+	if !g.inTx[s] {
+		levels := []sql.IsolationLevel{sql.LevelDefault, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable}
+		ro := g.rng.IntN(2) == 0
+		g.add(tpStep{sess: s, op: "begin", tx: sql.TxOptions{Isolation: levels[g.rng.IntN(len(levels))], ReadOnly: ro}})
+		g.inTx[s], g.roTx[s] = true, ro
+		return
+	}
+	switch g.rng.IntN(8) {
+	case 0:
+		g.add(tpStep{sess: s, op: g.pick("commit", "rollback")})
+		g.inTx[s] = false
+	case 1:
+		g.add(tpStep{sess: s, op: "exec", sql: g.pick("SAVEPOINT sp", "ROLLBACK TO SAVEPOINT sp", "RELEASE SAVEPOINT sp")})
+	case 2:
+		g.add(tpStep{sess: s, op: "query", sql: "SELECT pg_try_advisory_xact_lock($1)", args: []any{int64(1 + g.rng.IntN(3))}})
+	case 3:
+		g.add(tpStep{sess: s, op: "exec", sql: g.pick("SET LOCAL search_path = s1, public", "SET search_path = s1, public", "SET LOCAL app.tenant = 'b'")})
+	case 4:
+		g.session(s)
+	case 5:
+		g.write(s)
+	default:
+		g.add(tpStep{sess: s, op: "query", sql: tpReads[g.rng.IntN(len(tpReads))]})
+	}
+}
+
+func (g *tpGen) blockStep(s int) {
+	if g.inTx[s] {
+		return
+	}
+	if !g.block[s] {
+		g.add(tpStep{sess: s, op: "exec", sql: g.pick("BEGIN", "BEGIN READ ONLY", "BEGIN ISOLATION LEVEL REPEATABLE READ")})
+		g.block[s] = true
+		return
+	}
+	switch g.rng.IntN(3) {
+	case 0:
+		g.add(tpStep{sess: s, op: "exec", sql: g.pick("COMMIT", "ROLLBACK")})
+		g.block[s] = false
+	case 1:
+		g.write(s)
+	default:
+		g.add(tpStep{sess: s, op: "query", sql: tpReads[g.rng.IntN(len(tpReads))]})
+	}
+}
+
+func (g *tpGen) prepared(s int) {
+	if g.nstmts == 0 || g.rng.IntN(3) == 0 {
+		q := g.pick("SELECT v FROM t WHERE id = $1", "INSERT INTO t VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET v = t.v + 1",
+			"SELECT * FROM no_such_table WHERE id = $1", "SELECT count(*) FROM t")
+		g.add(tpStep{sess: s, op: "prepare", sql: q, stmt: g.nstmts})
+		g.nstmts++
+		return
+	}
+	k := g.rng.IntN(g.nstmts)
+	switch g.rng.IntN(6) {
+	case 0:
+		g.add(tpStep{sess: s, op: "sclose", stmt: k})
+	case 1:
+		g.add(tpStep{sess: s, op: "squery", stmt: k, args: []any{g.id(s), int64(2)}}) // maybe one too many
+	case 2, 3:
+		g.add(tpStep{sess: s, op: "sexec", stmt: k, args: []any{g.id(s)}})
+	default:
+		g.add(tpStep{sess: s, op: "squery", stmt: k, args: []any{g.id(s)}})
+	}
+}
+
+func (g *tpGen) misc(s int) {
+	switch g.rng.IntN(5) {
+	case 0:
+		g.add(tpStep{sess: s, op: "exec", sql: g.pick("SELECT 1; SELECT 1/0", "DO $$BEGIN PERFORM 1; END$$", "DO $$BEGIN PERFORM set_config('app.tenant', 'b', false); END$$")})
+	case 1:
+		g.add(tpStep{sess: s, op: "query", sql: "SELECT 1; SELECT 2"})
+	case 2:
+		g.add(tpStep{sess: s, op: "query", sql: "SELECT v FROM t WHERE id = $1", args: []any{g.id(s)}})
+	case 3:
+		g.add(tpStep{sess: s, op: "exec", sql: "SHOW transaction_isolation"})
+	default:
+		g.add(tpStep{sess: s, op: "query", sql: "SELECT count(*) FROM t WHERE v > $1", args: []any{int64(g.rng.IntN(50))}})
+	}
+}
