@@ -20,7 +20,7 @@ generate-check: generate
 
 # The tests that start servers, on another PostgreSQL version (18 comes
 # from npm). No PostgreSQL is built from source.
-SERVER_TESTS = -run '^(TestIntegration|TestRoundTrips|TestHistory)'
+SERVER_TESTS = -run '^(TestIntegration|TestRoundTrips|TestHistory|TestTransparency)'
 
 # PostgreSQL 19 is in no registry these machines reach: its WAIT FOR runs
 # through pgtest's emulation (PGRYW_EMULATE_PG19=1), a protocol-level
@@ -126,10 +126,15 @@ demo: postgres
 bench: postgres
 	$(GO) run ./cmd/rywbench
 
-# The randomized history checker (TestHistory) for a long run, without -race:
-# make check-long HISTORY_DURATION=30m [HISTORY_SEED=N] replays a schedule.
+# The randomized history checker (TestHistory) and the transparency checker
+# (TestTransparency) for a long run each, without -race:
+# make check-long HISTORY_DURATION=30m [HISTORY_SEED=N] [TRANSPARENCY_SEED=N]
+# replays a schedule.
 HISTORY_DURATION ?= 10m
 HISTORY_SEED ?=
+TRANSPARENCY_SEED ?=
 check-long: postgres
 	PGRYW_HISTORY_DURATION=$(HISTORY_DURATION) PGRYW_HISTORY_SEED=$(HISTORY_SEED) \
 		$(GO) test -count=1 -timeout=0 -v -run '^TestHistory$$' .
+	PGRYW_TRANSPARENCY_DURATION=$(HISTORY_DURATION) PGRYW_TRANSPARENCY_SEED=$(TRANSPARENCY_SEED) \
+		$(GO) test -count=1 -timeout=0 -v -run '^TestTransparency$$' .

@@ -112,10 +112,10 @@ func (c *Connector) mayWrite(r *sqlclass.Result) bool {
 		return false
 	}
 	for _, f := range r.Funcs {
-		if c.writeFuncs[f] {
+		if c.forcedWrite(f) {
 			return true
 		}
-		if c.readFuncs[f] {
+		if c.forcedRead(f) {
 			continue
 		}
 		if ro, ok := c.funcs.lookup(f); !ok || !ro {
@@ -123,6 +123,58 @@ func (c *Connector) mayWrite(r *sqlclass.Result) bool {
 		}
 	}
 	return false
+}
+
+// funcOverrides are write_functions and read_functions, as the classifier
+// names functions (sqlclass.Result.Funcs: lower-cased unless quoted,
+// qualified as written).
+type funcOverrides struct {
+	write     map[string]bool // bare names: whatever schema a call names, or none
+	read      map[string]bool // as listed
+	readBare  map[string]bool // unqualified entries: in any schema
+	anyWrites bool
+}
+
+func newFuncOverrides(write, read []string) funcOverrides {
+	o := funcOverrides{write: map[string]bool{}, read: map[string]bool{}, readBare: map[string]bool{}}
+	for _, f := range write {
+		o.write[bareName(f)] = true
+		o.anyWrites = true
+	}
+	for _, f := range read {
+		o.read[f] = true
+		if bareName(f) == f {
+			o.readBare[f] = true
+		}
+	}
+	return o
+}
+
+// bareName is a function name without its schema.
+func bareName(f string) string {
+	if i := strings.LastIndexByte(f, '.'); i >= 0 {
+		return f[i+1:]
+	}
+	return f
+}
+
+// forcedWrite reports a function write_functions names. A listed name
+// matches however a call writes it: unqualified or in any schema (a
+// session's search_path may resolve an unqualified call to any schema's
+// function of that name), so an override cannot be bypassed by
+// qualifying the call.
+func (c *Connector) forcedWrite(f string) bool {
+	return c.overrides.anyWrites && c.overrides.write[bareName(f)]
+}
+
+// forcedRead reports a function read_functions names (and write_functions
+// does not): an entry with a schema matches calls that name it, one
+// without matches the name in any schema.
+func (c *Connector) forcedRead(f string) bool {
+	if len(c.overrides.read) == 0 || c.forcedWrite(f) {
+		return false
+	}
+	return c.overrides.read[f] || c.overrides.readBare[bareName(f)]
 }
 
 // funcCatalog caches, per primary, whether functions the classifier could not
@@ -235,7 +287,7 @@ func (c *Connector) awaitFuncs(ctx context.Context, r *sqlclass.Result) {
 			if backingOff {
 				break
 			}
-			if _, ok := fc.known[f]; !ok && fc.queued[f] && !c.readFuncs[f] && !c.writeFuncs[f] {
+			if _, ok := fc.known[f]; !ok && fc.queued[f] && !c.forcedRead(f) && !c.forcedWrite(f) {
 				pending = true
 				break
 			}
@@ -290,7 +342,7 @@ func (c *Connector) withFuncEffects(r *sqlclass.Result) {
 	var st sqlclass.State
 	var names []string
 	for _, f := range r.Funcs {
-		if c.readFuncs[f] {
+		if c.forcedRead(f) {
 			continue
 		}
 		fst, fnames := c.funcs.effects(f)
@@ -318,10 +370,10 @@ func (c *Connector) withFuncEffects(r *sqlclass.Result) {
 // queues a catalog look-up and counts as a write for now. It never blocks
 // on the look-up.
 func (c *Connector) funcReadOnly(f string) bool {
-	if c.writeFuncs[f] {
+	if c.forcedWrite(f) {
 		return false
 	}
-	if c.readFuncs[f] {
+	if c.forcedRead(f) {
 		return true
 	}
 	if ro, ok := c.funcs.lookup(f); ok {

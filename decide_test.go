@@ -43,3 +43,23 @@ func TestDecide(t *testing.T) {
 		}
 	}
 }
+
+// write_functions and read_functions match however a call names the
+// function: a write override in any schema, qualified or not; a read
+// override with a schema only where the call names it.
+func TestFuncOverrides(t *testing.T) {
+	c := &Connector{overrides: newFuncOverrides([]string{"lock_it", "s.Audit"}, []string{"f", "public.g", "lock_it"})}
+	for _, tc := range []struct {
+		call        string
+		write, read bool
+	}{
+		{"lock_it", true, false}, {"public.lock_it", true, false}, {"other.lock_it", true, false},
+		{"Audit", true, false}, {"s.Audit", true, false}, {"audit", false, false},
+		{"f", false, true}, {"x.f", false, true},
+		{"public.g", false, true}, {"g", false, false}, {"x.g", false, false},
+	} {
+		if w, r := c.forcedWrite(tc.call), c.forcedRead(tc.call); w != tc.write || r != tc.read {
+			t.Errorf("%s: write %v read %v, want %v %v", tc.call, w, r, tc.write, tc.read)
+		}
+	}
+}

@@ -70,23 +70,22 @@ type Connector struct {
 	replicas []driver.Connector
 	topo     topology
 
-	db       Session
-	inflight pendingSet // captures of possible commits the pool's watermark awaits (deferred.go)
-	classes  classCache
+	// The pool's watermark, and what it needs, shared with every other
+	// connector of this process to the same database of the same writer
+	// (scopeOf): two *sql.DB handles to one database see each other's
+	// writes, with session_scope=db.
+	*clusterScope
+	classes classCache
 
-	readFuncs, writeFuncs map[string]bool
-	funcs                 funcCatalog
-	noCatalog             bool // unit tests: no primary to ask
+	overrides funcOverrides // write_functions, read_functions
+	funcs     funcCatalog
+	noCatalog bool // unit tests: no primary to ask
 
-	stats    counters
-	over     overload // max_fallback and max_waits (max_replica_lag is topo.lag)
-	log      atomic.Pointer[slog.Logger]
-	obs      connObs // the pool-wide served-by hook (observe.go)
-	mon      monitor
-	sysID    atomic.Uint64 // the primary's system identifier, once read; 0: unknown
-	sysTried atomic.Bool   // the server refused to say: not asked again
-	tli      atomic.Uint32 // the current writer's timeline (see sawPrimary); 0 until known
-	genMu    sync.Mutex    // serializes changes of tli
+	stats counters
+	over  overload // max_fallback and max_waits (max_replica_lag is topo.lag)
+	log   atomic.Pointer[slog.Logger]
+	obs   connObs // the pool-wide served-by hook (observe.go)
+	mon   monitor
 
 	// dial opens a backend connection; replaced by unit tests to put
 	// go-sqlmock connections in place of servers.
@@ -115,10 +114,10 @@ func newConnector(cfg *Config) (*Connector, error) {
 		return nil, err
 	}
 	c := &Connector{
-		cfg:        cfg,
-		plain:      len(cfg.Replicas) == 0,
-		readFuncs:  toSet(cfg.ReadFunctions),
-		writeFuncs: toSet(cfg.WriteFunctions),
+		cfg:          cfg,
+		plain:        len(cfg.Replicas) == 0,
+		overrides:    newFuncOverrides(cfg.WriteFunctions, cfg.ReadFunctions),
+		clusterScope: scopeOf(wc),
 	}
 	c.topo.primary = &node{index: -1, addr: fmt.Sprintf("%s:%d", wc.Host, wc.Port), host: wc.Host, port: wc.Port}
 	addNode := func(host string, port uint16, candidate bool) {
@@ -195,12 +194,62 @@ func writerHosts(wc *pgx.ConnConfig) []hostPort {
 	return hosts
 }
 
-func toSet(list []string) map[string]bool {
-	m := make(map[string]bool, len(list))
-	for _, s := range list {
-		m[s] = true
+// clusterScope is what every connector of the process to one database of
+// one writer shares: the pool-wide watermark (session_scope=db) and what
+// keeps it right (the captures it awaits, the writer's generation). GORM
+// beside raw SQL, a prepared-statement pool beside the plain one: an
+// application's handles to one database are one session to it, as users
+// expect of session_scope=db.
+type clusterScope struct {
+	db       Session
+	inflight pendingSet    // captures of possible commits the watermark awaits (deferred.go)
+	sysID    atomic.Uint64 // the primary's system identifier, once read; 0: unknown
+	sysTried atomic.Bool   // the server refused to say: not asked again
+	tli      atomic.Uint32 // the current writer's timeline (see sawPrimary); 0 until known
+	genMu    sync.Mutex    // serializes changes of tli
+
+	key  string
+	refs int // open connectors; under scopes.mu
+}
+
+// scopes holds the process's cluster scopes, by scopeKey.
+var scopes struct {
+	mu sync.Mutex
+	m  map[string]*clusterScope
+}
+
+// scopeOf returns the scope of the writer wc names: every host it lists,
+// in order, and the database. Connectors that name the writer otherwise
+// (another host name for it) get scopes of their own.
+func scopeOf(wc *pgx.ConnConfig) *clusterScope {
+	var b strings.Builder
+	for _, h := range append([]hostPort{{wc.Host, wc.Port}}, writerHosts(wc)...) {
+		fmt.Fprintf(&b, "%s:%d,", strings.ToLower(h.host), h.port)
 	}
-	return m
+	b.WriteString("/" + wc.Database)
+	key := b.String()
+	scopes.mu.Lock()
+	defer scopes.mu.Unlock()
+	if scopes.m == nil {
+		scopes.m = map[string]*clusterScope{}
+	}
+	s := scopes.m[key]
+	if s == nil {
+		s = &clusterScope{key: key}
+		scopes.m[key] = s
+	}
+	s.refs++
+	return s
+}
+
+// release gives up a connector's hold on s (Connector.Close): the last one
+// forgets it, so that a later pool to the same address starts afresh.
+func (s *clusterScope) release() {
+	scopes.mu.Lock()
+	defer scopes.mu.Unlock()
+	if s.refs--; s.refs <= 0 && scopes.m[s.key] == s {
+		delete(scopes.m, s.key)
+	}
 }
 
 // replicaConfig derives a replica's connection settings from the primary's:

@@ -278,12 +278,10 @@ var dsnOptions = []dsnOption{
 		"`auto` = `WAIT FOR LSN … WITH (MODE 'standby_replay', TIMEOUT …, NO_THROW)` on servers ≥ 19, polling `pg_last_wal_replay_lsn()` on older ones. `wait_for` on an older server is reported as an error. `polar` = PolarDB's wait: `SET polar_consistency_mode`, `polar_proxy_wait_timeout_ms` and `polar_xact_split_wait_lsn` in front of the read (`on_timeout=stale` → `best_effort`, else `strict`); a replica that does not know them is reported as an error."),
 	enumOption("session_scope", scopeNames, ScopeDB, func(c *Config) *Scope { return &c.SessionScope },
 		"`conn`: the watermark lives in each connection (`*sql.Conn`, `*sql.Tx`). `db`: additionally one watermark shared by the whole pool, so `db.Exec` followed by `db.Query` is covered even when the pool hands out different connections."),
-	listOption("write_functions", "function names, optionally schema-qualified",
-		func(c *Config) *[]string { return &c.WriteFunctions }, parseFuncList, nil,
-		"Treat these functions as writes whatever the catalog says."),
-	listOption("read_functions", "function names, optionally schema-qualified",
-		func(c *Config) *[]string { return &c.ReadFunctions }, parseFuncList, nil,
-		"Treat these functions as read-only without asking the catalog."),
+	funcListOption("write_functions", func(c *Config) *[]string { return &c.WriteFunctions },
+		"Treat these functions as writes whatever the catalog says: a name matches calls of it in any schema, qualified or not."),
+	funcListOption("read_functions", func(c *Config) *[]string { return &c.ReadFunctions },
+		"Treat these functions as read-only without asking the catalog: a qualified name matches calls that qualify it so, an unqualified one calls in any schema."),
 	boolOption("reset_session", false, func(c *Config) *bool { return &c.ResetSession },
 		"`on`: a connection the pool hands out again starts clean, as after `DISCARD ALL`: settings, `LISTEN`, temporary tables, cursors and advisory locks left by its last user are gone, on the primary and its replica connections. The reset rides in front of the connection's next statement on the primary (no round trip), except that advisory locks and `PREPARE`d statements are released at once (one round trip). Costs nothing for a connection left clean. See [Session state](#session-state)."),
 }
@@ -338,6 +336,21 @@ func listOption(key, values string, field func(*Config) *[]string, parse func(ke
 	}
 	if check != nil {
 		o.validate = func(c *Config) error { return check(key, *field(c)) }
+	}
+	return o
+}
+
+// funcListOption is a list of function names (parseFuncList), written back
+// with the quotes their parts need.
+func funcListOption(key string, field func(*Config) *[]string, doc string) dsnOption {
+	o := listOption(key, "function names, optionally schema-qualified; double-quote a part to keep its case", field, parseFuncList, nil, doc)
+	o.format = func(c *Config) (string, bool) {
+		list := *field(c)
+		names := make([]string, len(list))
+		for i, f := range list {
+			names[i] = formatFuncName(f)
+		}
+		return strings.Join(names, ","), len(list) == 0
 	}
 	return o
 }
@@ -724,20 +737,112 @@ func splitHostPort(e string, defPort uint16) (string, uint16, error) {
 }
 
 func parseFuncList(key, v string) ([]string, error) {
+	bad := badValue(key, v, "a comma-separated list of function names, optionally schema-qualified, double-quoted where their case or characters need it")
 	var out []string
-	for _, f := range strings.Split(v, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			return nil, badValue(key, v, "a comma-separated list of function names, optionally schema-qualified")
+	var parts []string
+	var cur strings.Builder
+	quoted, inQuote, any := false, false, false
+	flushPart := func() bool {
+		p := cur.String()
+		cur.Reset()
+		if p == "" || !quoted && strings.TrimSpace(p) != p {
+			return false
 		}
-		for _, r := range f {
-			if !(r == '_' || r == '.' || r == '$' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r > 127) {
-				return nil, badValue(key, v, "a comma-separated list of function names, optionally schema-qualified")
+		if !quoted {
+			for _, r := range p {
+				if !(r == '_' || r == '$' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r > 127) {
+					return false
+				}
 			}
+			p = asciiLower(p)
+		} else if strings.IndexByte(p, '.') >= 0 {
+			return false // the classifier cannot tell it from a qualified name
 		}
-		out = append(out, strings.ToLower(f))
+		parts = append(parts, p)
+		quoted = false
+		return true
+	}
+	endName := func() bool {
+		if !flushPart() || len(parts) > 2 {
+			return false
+		}
+		out = append(out, strings.Join(parts, "."))
+		parts = parts[:0]
+		return true
+	}
+	v2 := strings.TrimSpace(v)
+	for i := 0; i < len(v2); i++ {
+		c := v2[i]
+		switch {
+		case inQuote && c == '"' && i+1 < len(v2) && v2[i+1] == '"':
+			cur.WriteByte('"')
+			i++
+		case inQuote && c == '"':
+			inQuote = false
+		case inQuote:
+			cur.WriteByte(c)
+		case c == '"' && cur.Len() == 0 && !quoted:
+			inQuote, quoted = true, true
+		case c == '.':
+			if !flushPart() {
+				return nil, bad
+			}
+		case c == ',':
+			if !endName() {
+				return nil, bad
+			}
+		case c == ' ' || c == '\t':
+			// around a name: skip; inside one, refused by flushPart
+			if cur.Len() > 0 && !quoted {
+				j := i
+				for j < len(v2) && (v2[j] == ' ' || v2[j] == '\t') {
+					j++
+				}
+				if j < len(v2) && v2[j] != ',' {
+					return nil, bad
+				}
+			}
+		case quoted:
+			return nil, bad // text after a closing quote
+		default:
+			cur.WriteByte(c)
+		}
+		any = true
+	}
+	if inQuote || !any || !endName() {
+		return nil, bad
 	}
 	return out, nil
+}
+
+// asciiLower folds ASCII letters only, as the server folds unquoted names.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
+// formatFuncName writes a name of parseFuncList's back, quoting each part
+// that unquoted would read otherwise.
+func formatFuncName(f string) string {
+	parts := strings.Split(f, ".")
+	for i, p := range parts {
+		plain := p != ""
+		for j := 0; j < len(p); j++ {
+			c := p[j]
+			if !(c == '_' || c == '$' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c > 127) {
+				plain = false
+			}
+		}
+		if !plain {
+			parts[i] = `"` + strings.ReplaceAll(p, `"`, `""`) + `"`
+		}
+	}
+	return strings.Join(parts, ".")
 }
 
 func (c *Config) validate() error {

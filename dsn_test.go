@@ -34,6 +34,13 @@ var dsnCases = []struct {
 		want: &Config{Replicas: []string{"a", "b:6000"}, ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits}},
 	{dsn: "host=h read_functions=f,public.g write_functions=Audit", primary: "host=h",
 		want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits, ReadFunctions: []string{"f", "public.g"}, WriteFunctions: []string{"audit"}}},
+	// Quoted names keep their case (and may hold what an unquoted one
+	// cannot), as the server reads them.
+	{dsn: `host=h write_functions='"Audit",s."Mixed Case",x.y' read_functions='"a""b"'`, primary: "host=h",
+		want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits, WriteFunctions: []string{"Audit", "s.Mixed Case", "x.y"}, ReadFunctions: []string{`a"b`}}},
+	{dsn: `host=h write_functions='"a.b"'`, errHas: []string{"write_functions"}},
+	{dsn: `host=h write_functions='a.b.c.d'`, errHas: []string{"write_functions"}},
+	{dsn: `host=h write_functions='"unterminated'`, errHas: []string{"write_functions"}},
 	{dsn: "", primary: "", want: &Config{ReadYourWrites: true, WaitTimeout: 500 * time.Millisecond, MaxFallback: DefaultMaxFallback, MaxWaits: DefaultMaxWaits}},
 	// Overload bounds.
 	{dsn: "postgres://h/db?max_fallback=0&on_max_fallback=stale&max_waits=4&max_replica_lag=16MB", primary: "postgres://h/db",
@@ -325,7 +332,7 @@ func TestConfigValidateMessages(t *testing.T) {
 		{"wait_timeout=3600001", `pgryw: DSN key wait_timeout: invalid value "3600001" (allowed: a Go duration such as 500ms or 2s, or integer milliseconds, from 1ms to 1h)`},
 		{"read_your_writes=yes", `pgryw: DSN key read_your_writes: invalid value "yes" (allowed: on, off)`},
 		{"replicas=a:0", `pgryw: DSN key replicas: invalid value "a:0" (allowed: host[:port][,host[:port]...], IPv6 as [addr]:port; entry "a:0": port must be 1-65535)`},
-		{"write_functions=a,", `pgryw: DSN key write_functions: invalid value "a," (allowed: a comma-separated list of function names, optionally schema-qualified)`},
+		{"write_functions=a,", `pgryw: DSN key write_functions: invalid value "a," (allowed: a comma-separated list of function names, optionally schema-qualified, double-quoted where their case or characters need it)`},
 		{"max_fallback=x", `pgryw: DSN key max_fallback: invalid value "x" (allowed: an integer from 0 to 10000)`},
 		{"max_replica_lag=16", `pgryw: DSN key max_replica_lag: invalid value "16" (allowed: off; a size with a unit (B, kB, MB, GB, TB) from 1B to 1TB, such as 16MB; or a Go duration from 250ms to 24h, such as 2s)`},
 	} {

@@ -58,6 +58,9 @@ func (c *Connector) startMonitor() {
 func (c *Connector) Close() error {
 	c.stopCatalog()
 	c.mon.mu.Lock()
+	if !c.mon.closed && c.clusterScope != nil {
+		c.clusterScope.release()
+	}
 	c.mon.closed = true
 	cancel, done := c.mon.cancel, c.mon.done
 	c.mon.mu.Unlock()

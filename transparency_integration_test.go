@@ -135,8 +135,9 @@ type tpIntended struct {
 var transparencyIntended = []tpIntended{
 	{
 		id: "deallocate-all",
-		why: "after DEALLOCATE ALL or DISCARD ALL, pgx fails the next execution of a statement it had prepared on that connection with 26000; " +
-			"a read pgryw runs on a replica, whose connection it did not reach, succeeds",
+		why: "after DEALLOCATE ALL or DISCARD ALL, pgx fails the next execution of a statement it had prepared on that connection with 26000 " +
+			"(aborting a transaction block); which statements pgx had prepared on pgryw's primary connection depends on which reads ran there, " +
+			"and a read pgryw runs on a replica, whose connection it did not reach, succeeds",
 		accept: func(prog []tpStep, i int, pgx, ryw tpResult) bool {
 			if pgx.err != "SQLSTATE 26000" || ryw.err != "" {
 				return false
@@ -176,6 +177,10 @@ var tpSchema = []string{
 	"CREATE FUNCTION lock_it(bigint) RETURNS boolean LANGUAGE sql AS 'SELECT pg_try_advisory_lock($1)'",
 	"CREATE FUNCTION make_temp() RETURNS void LANGUAGE plpgsql AS $$BEGIN CREATE TEMP TABLE IF NOT EXISTS ft (i int); END$$",
 	"CREATE FUNCTION stable_sum() RETURNS bigint STABLE LANGUAGE sql AS 'SELECT coalesce(sum(v), 0) FROM t'",
+	// Declared STABLE, it takes a lock through another function: what its
+	// own text shows is nothing (write_functions must say).
+	"CREATE FUNCTION lock_quietly(bigint) RETURNS boolean STABLE LANGUAGE sql AS 'SELECT lock_it($1)'",
+	"CREATE TABLE j (id int PRIMARY KEY, doc json)",
 	"CREATE FUNCTION public.f() RETURNS text STABLE LANGUAGE sql AS $$SELECT 'public'$$",
 	"CREATE FUNCTION s1.f() RETURNS text STABLE LANGUAGE sql AS $$SELECT 's1'$$",
 	"GRANT ALL ON ALL TABLES IN SCHEMA public, s1 TO ryw_t_role",
@@ -185,7 +190,7 @@ var tpSchema = []string{
 
 // tpReset empties the tables between programs.
 var tpReset = []string{
-	"TRUNCATE t, s1.t, u",
+	"TRUNCATE t, s1.t, u, j",
 	"ALTER SEQUENCE s RESTART",
 }
 
@@ -194,11 +199,10 @@ type tpRun struct {
 	t      *testing.T
 	seed   int64
 	dbs    [2]string // pgx's, pgryw's
-	extra  string    // DSN run-time parameters of this program
 	nw     *faultnet.Network
 	faults bool
+	ryw    string       // DSN keys of pgryw's alone (write_functions=...)
 	txOpen atomic.Int32 // on the pgryw side: transactions open now
-	fired  atomic.Int64 // connection faults that fired in the program under way
 }
 
 func tpSeedValue(t *testing.T) int64 {
@@ -352,7 +356,11 @@ func (r *tpRun) open(i int, extra string) (*tpSide, error) {
 		s.db, err = sql.Open("pgx", tpDSN(db, extra))
 	} else {
 		var cfg *pgryw.Config
-		cfg, err = pgryw.ParseDSN(tpDSN(db, extra) + "&wait_timeout=300ms&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
+		dsn := tpDSN(db, extra) + "&wait_timeout=300ms&replicas=" + strings.Join(cluster.ReplicaAddrs(), ",")
+		if r.ryw != "" {
+			dsn += "&" + r.ryw
+		}
+		cfg, err = pgryw.ParseDSN(dsn)
 		if err == nil {
 			s.c, err = pgryw.NewConnector(cfg)
 		}
@@ -913,7 +921,11 @@ func (g *tpGen) session(s int) {
 	case 6:
 		g.add(tpStep{sess: s, op: "exec", sql: g.pick("CREATE TEMP TABLE tt (i int)", "INSERT INTO tt VALUES (1)", "DROP TABLE tt", "SELECT make_temp()", "DROP TABLE IF EXISTS ft")})
 	case 7:
-		g.add(tpStep{sess: s, op: "exec", sql: g.pick("PREPARE p1 AS SELECT count(*) FROM t", "DEALLOCATE p1", "DEALLOCATE ALL")})
+		// Not DEALLOCATE ALL: it leaves pgx's own cache of prepared
+		// statements out of step with the server, and which of them fail
+		// afterwards depends on what that connection ran before
+		// (transparencyIntended, "deallocate-all").
+		g.add(tpStep{sess: s, op: "exec", sql: g.pick("PREPARE p1 AS SELECT count(*) FROM t", "DEALLOCATE p1")})
 	case 8:
 		g.add(tpStep{sess: s, op: "query", sql: "EXECUTE p1"})
 	case 9:

@@ -15,7 +15,7 @@
 //
 // The default command is
 //
-//	go test -count=1 -run '^(TestIntegration|TestRoundTrips|TestHistory)' .
+//	go test -count=1 -run '^(TestIntegration|TestRoundTrips|TestHistory|TestTransparency)' .
 //
 // run in the repository root. serve starts the cluster, writes one line of
 // JSON (pgtest.ProviderReply) to standard output and keeps the cluster until
@@ -55,7 +55,7 @@ const (
 )
 
 // defaultCommand is the server suite of the Makefile (SERVER_TESTS).
-var defaultCommand = []string{"go", "test", "-count=1", "-run", "^(TestIntegration|TestRoundTrips|TestHistory)", "."}
+var defaultCommand = []string{"go", "test", "-count=1", "-run", "^(TestIntegration|TestRoundTrips|TestHistory|TestTransparency)", "."}
 
 // startTimeout bounds starting the cluster once the image is there.
 const startTimeout = 3 * time.Minute

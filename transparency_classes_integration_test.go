@@ -1,0 +1,204 @@
+package pgryw_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/faultnet"
+	"github.com/pgryw/pgryw/internal/pgtest"
+)
+
+// Regression tests for the divergences from pgx that issue 19 lists, one
+// program each, run through pgryw and through pgx on the primary as
+// TestTransparency runs its random ones (no faults): each failed before
+// its fix.
+
+// tpClass runs fixed programs through both drivers and fails on the first
+// difference that is not an intended one.
+func tpClass(t *testing.T, rywDSN string, progs ...[]tpStep) {
+	t.Helper()
+	pgtest.Require(t, cluster)
+	r := &tpRun{t: t, nw: faultnet.New(), ryw: rywDSN}
+	r.setup()
+	setDelay(t, 30*time.Millisecond)
+	for k, prog := range progs {
+		if i, pgx, ryw := r.compare(prog, "", 0); i >= 0 {
+			step := "final contents"
+			if i < len(prog) {
+				step = prog[i].String()
+			}
+			t.Fatalf("program %d differs at step %d (%s):\n  pgx:   %s\n  pgryw: %s", k, i, step, pgx, ryw)
+		}
+	}
+}
+
+func q(sess int, sql string, args ...any) tpStep {
+	return tpStep{sess: sess, op: "query", sql: sql, args: args}
+}
+func x(sess int, sql string, args ...any) tpStep {
+	return tpStep{sess: sess, op: "exec", sql: sql, args: args}
+}
+func begin(sess int, iso sql.IsolationLevel) tpStep {
+	return tpStep{sess: sess, op: "begin", tx: sql.TxOptions{Isolation: iso, ReadOnly: true}}
+}
+func commit(sess int) tpStep { return tpStep{sess: sess, op: "commit"} }
+
+// Class 1: session statements inside a read-only transaction reach the
+// primary, where the session is.
+func TestTransparencyClassReadOnlyTxSession(t *testing.T) {
+	tpClass(t, "",
+		// SET search_path inside it decides where the next INSERT goes.
+		[]tpStep{begin(0, sql.LevelDefault), q(0, "SELECT count(*) FROM t"), x(0, "SET search_path = s1, public"), commit(0),
+			x(0, "INSERT INTO t VALUES (1, 1)"), q(0, "SHOW search_path")},
+		// A transaction advisory lock is the primary's, where another
+		// session holds it.
+		[]tpStep{q(1, "SELECT pg_try_advisory_lock(5)"), begin(0, sql.LevelReadCommitted),
+			q(0, "SELECT pg_try_advisory_xact_lock(5)"), commit(0), q(1, "SELECT pg_advisory_unlock(5)")},
+		// LISTEN and NOTIFY in it.
+		[]tpStep{begin(0, sql.LevelDefault), q(0, "SELECT 1"), x(0, "LISTEN "+tpChannel), x(0, "NOTIFY "+tpChannel+", 'ro'"), commit(0),
+			q(0, "SELECT pg_listening_channels()")},
+		// PREPARE and DECLARE … WITH HOLD made in it are used after it.
+		[]tpStep{begin(0, sql.LevelRepeatableRead), q(0, "SELECT count(*) FROM t"), x(0, "PREPARE p1 AS SELECT count(*) FROM t"),
+			x(0, "DECLARE c1 CURSOR WITH HOLD FOR SELECT 1"), commit(0), q(0, "EXECUTE p1"), q(0, "FETCH 1 FROM c1")},
+		// Node identity inside it.
+		[]tpStep{begin(0, sql.LevelDefault), q(0, "SELECT inet_server_port(), pg_is_in_recovery()"), q(0, "SHOW transaction_read_only"), commit(0)},
+		// A write elsewhere in the pool while it is open (READ COMMITTED
+		// sees it on the primary).
+		[]tpStep{begin(0, sql.LevelReadCommitted), q(0, "SELECT count(*) FROM t"), x(-1, "INSERT INTO t VALUES (2, 2)"),
+			q(0, "SELECT count(*) FROM t"), commit(0)},
+	)
+}
+
+// Class 2: session state changed inside a function or a DO block.
+func TestTransparencyClassStateInFunctions(t *testing.T) {
+	tpClass(t, "",
+		[]tpStep{q(0, "SELECT set_tenant($1)", "a"), q(0, "SELECT id FROM my_rows ORDER BY id"), q(0, "SELECT id FROM my_rows ORDER BY id")},
+		[]tpStep{x(0, "DO $$BEGIN PERFORM set_config('app.tenant', 'b', false); END$$"), q(0, "SELECT id FROM my_rows ORDER BY id")},
+		[]tpStep{q(0, "SELECT lock_it(3)"), q(0, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"),
+			q(0, "SELECT pg_advisory_unlock_all()")},
+		[]tpStep{x(0, "SELECT make_temp()"), q(0, "SELECT count(*) FROM ft"), x(0, "DROP TABLE ft")},
+	)
+}
+
+// Class 3: reads a standby refuses but the primary serves.
+func TestTransparencyClassStandbyRefusals(t *testing.T) {
+	tpClass(t, "",
+		[]tpStep{x(0, "INSERT INTO u VALUES (1)"), q(0, "SELECT count(*) FROM u"), q(0, "SELECT count(*) FROM u"), q(1, "SELECT count(*) FROM u")},
+		[]tpStep{q(0, "SELECT pg_walfile_name(pg_current_wal_lsn()) IS NOT NULL")},
+		[]tpStep{begin(0, sql.LevelDefault), q(0, "SELECT count(*) FROM t"), q(0, "SELECT count(*) FROM u"), commit(0)},
+	)
+}
+
+// Class 4: node identity and node-local state, answered as the primary
+// answers them.
+func TestTransparencyClassNodeLocal(t *testing.T) {
+	tpClass(t, "",
+		[]tpStep{q(0, "SELECT nextval('s')"), q(0, "SELECT last_value, is_called FROM s"),
+			q(0, "SELECT last_value FROM pg_sequences WHERE schemaname = 'public' AND sequencename = 's'")},
+		[]tpStep{q(0, "SELECT pg_is_in_recovery()"), q(0, "SHOW transaction_read_only"), q(0, "SHOW in_hot_standby"),
+			q(0, "SELECT current_setting('transaction_read_only')"), q(0, "SELECT inet_server_port()"),
+			q(0, "SELECT count(*) FROM pg_stat_replication"), q(0, "SELECT count(*) FROM pg_stat_activity WHERE pid = pg_backend_pid()")},
+	)
+}
+
+// Classes 6 and 9: db.Prepare reaches the server, as pgx's does.
+func TestTransparencyClassPrepare(t *testing.T) {
+	prep := func(sess, k int, sql string) tpStep { return tpStep{sess: sess, op: "prepare", sql: sql, stmt: k} }
+	tpClass(t, "",
+		[]tpStep{prep(0, 0, "SELECT * FROM no_such_table WHERE id = $1"), prep(0, 1, "SELECT v FROM t WHERE id = $1"),
+			{sess: 0, op: "squery", stmt: 1, args: []any{int64(1), int64(2)}}, // one too many: database/sql's own check
+			{sess: 0, op: "squery", stmt: 1, args: []any{int64(1)}},
+			q(0, "SELECT count(*) FROM pg_prepared_statements WHERE statement = 'SELECT v FROM t WHERE id = $1'")},
+	)
+	// Under the simple protocol a prepared statement's parameter types come
+	// from the server: []byte into a json column.
+	pgtest.Require(t, cluster)
+	r := &tpRun{t: t, nw: faultnet.New()}
+	r.setup()
+	prog := []tpStep{prep(0, 0, "INSERT INTO j VALUES ($1, $2)"), {sess: 0, op: "sexec", stmt: 0, args: []any{int64(1), []byte(`{"a": 1}`)}},
+		q(0, "SELECT doc::text FROM j")}
+	if i, pgx, ryw := r.compare(prog, "default_query_exec_mode=simple_protocol", 0); i >= 0 {
+		t.Fatalf("simple protocol: step %d:\n  pgx:   %s\n  pgryw: %s", i, pgx, ryw)
+	}
+}
+
+// Class 7: write_functions holds however the call names the function.
+func TestTransparencyClassWriteFunctions(t *testing.T) {
+	tpClass(t, "write_functions=lock_quietly",
+		// The first call waits for the catalog; the later ones are routed
+		// by what it said (STABLE) and by the override.
+		[]tpStep{q(0, "SELECT public.lock_quietly($1)", int64(8)), q(0, "SELECT pg_advisory_unlock_all()"),
+			q(0, "SELECT count(*) FROM t"), q(0, "SELECT count(*) FROM t"),
+			q(0, "SELECT public.lock_quietly($1)", int64(9)), q(0, "SELECT lock_quietly($1)", int64(10)),
+			q(0, `SELECT "public".lock_quietly($1)`, int64(11)), q(0, "SELECT pg_advisory_unlock_all()")},
+	)
+}
+
+// Class 11: two pools of one process on one database see each other's
+// writes (session_scope=db). With session_scope=conn, the control, they do
+// not.
+func TestIntegrationTwoPoolsOneDatabase(t *testing.T) {
+	table := newTable(t)
+	setDelay(t, 100*time.Millisecond)
+	ctx := context.Background()
+	for _, scope := range []string{"db", "conn"} {
+		a, _ := openDB(t, "session_scope="+scope+"&wait_timeout=1s")
+		b, cb := openDB(t, "session_scope="+scope+"&wait_timeout=1s")
+		stale := 0
+		for i := 1; i <= 20; i++ {
+			id := i
+			if scope == "conn" {
+				id += 100
+			}
+			if _, err := a.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 1)", table, id)); err != nil {
+				t.Fatal(err)
+			}
+			var n int
+			if err := b.QueryRowContext(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE id = %d", table, id)).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				stale++
+			}
+		}
+		st := cb.Stats()
+		t.Logf("session_scope=%s: %d of 20 reads through the second pool stale; its stats %+v", scope, stale, st)
+		switch {
+		case scope == "db" && stale != 0:
+			t.Fatalf("session_scope=db: %d reads through the second pool missed the first pool's writes", stale)
+		case scope == "db" && st.ReplicaReads == 0:
+			t.Fatal("session_scope=db: no read of the second pool was served by a replica")
+		case scope == "conn" && stale == 0:
+			t.Fatal("the control: with session_scope=conn the second pool should miss writes of the first")
+		}
+	}
+}
+
+// Class 12 is an intended difference: sql.Conn.Raw hands out *pgryw.Conn,
+// whose RunOnPrimary gives the *pgx.Conn that pgx's *stdlib.Conn would.
+func TestIntegrationRawIsPgrywConn(t *testing.T) {
+	db, _ := openDB(t, "")
+	conn := oneConn(t, db)
+	err := conn.Raw(func(dc any) error {
+		pc, ok := dc.(*pgryw.Conn)
+		if !ok {
+			return fmt.Errorf("Raw gave %T", dc)
+		}
+		return pc.RunOnPrimary(context.Background(), func(c *pgx.Conn) error {
+			var rec bool
+			return c.QueryRow(context.Background(), "SELECT pg_is_in_recovery()").Scan(&rec)
+		})
+	})
+	var pgErr *pgconn.PgError
+	if err != nil || errors.As(err, &pgErr) {
+		t.Fatal(err)
+	}
+}
