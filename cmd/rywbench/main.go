@@ -3,7 +3,7 @@
 //
 // Each worker inserts a fresh row on the primary and at once reads it back by
 // id. A read is stale when the row is missing or has the wrong value; it was
-// served by a replica when the inet_server_port() returned by the same query
+// served by a replica when the inet_server_port() (through a STABLE wrapper) returned by the same query
 // differs from the primary's. The strategies:
 //
 //	sticky-primary    insert and read on the primary (plain pgx stdlib)
@@ -527,6 +527,9 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 		return (s == wireWaitFor || s == wireWaitForTrail) && e.models[s] == nil
 	})
 
+	if _, err := p.primary.ExecContext(ctx, createPortFunction); err != nil {
+		return e, fmt.Errorf("create %s(): %w", portFunction, err)
+	}
 	// The preloaded table first: once a replica shows the tables created
 	// after it, it has its rows too.
 	tables := []string{preloadTable}

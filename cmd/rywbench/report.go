@@ -170,7 +170,7 @@ func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup 
 			fmtMS(s.ReadP50), fmtMS(s.ReadP95), fmtMS(s.ReadP99), fmtMS(s.WriteP50), fmtMS(s.WriteP95), tries)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "replica = share of reads served by a replica (by inet_server_port()); read = the read call")
+	fmt.Fprintln(w, "replica = share of reads served by a replica (by inet_server_port(), through rywbench_port()); read = the read call")
 	fmt.Fprintln(w, "(spin-floor: from the write's return to the first read that found the row; two-round-trip: with")
 	fmt.Fprintln(w, "its LSN fetch and wait; sleep-replica: with the sleep); write = the insert (pgryw: with its capture")
 	fmt.Fprintln(w, "of the primary's position); tries = reads sent per read (spin-floor, the polling models).")

@@ -88,11 +88,18 @@ func tableName(strategy string) string {
 
 // statements returns the workload's insert and read for a table. The read
 // always returns one row, so the answering server's port is known even when
-// the row is missing.
+// the row is missing: through portFunction, since pgryw answers
+// inet_server_port() itself from the primary, as pgx on the primary would.
 func statements(table string) (insert, read string) {
 	return "INSERT INTO " + table + " (id, v) VALUES ($1, $2)",
-		"SELECT (SELECT v FROM " + table + " WHERE id = $1), inet_server_port()"
+		"SELECT (SELECT v FROM " + table + " WHERE id = $1), " + portFunction + "()"
 }
+
+// portFunction is a STABLE SQL wrapper of inet_server_port(): what the
+// node that runs the read answers, whatever pgryw routes node identity by.
+const portFunction = "rywbench_port"
+
+const createPortFunction = "CREATE OR REPLACE FUNCTION " + portFunction + "() RETURNS int STABLE LANGUAGE sql AS 'SELECT inet_server_port()'"
 
 // pools are plain pgx (database/sql driver "pgx") pools: one to the primary
 // and one to each replica.
@@ -272,6 +279,7 @@ func newPgryw(kind, primaryDSN string, replicaAddrs []string, budget time.Durati
 	if err != nil {
 		return nil, err
 	}
+	cfg.ReadFunctions = append(cfg.ReadFunctions, portFunction)
 	c, err := pgryw.NewConnector(cfg)
 	if err != nil {
 		return nil, err
