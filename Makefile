@@ -6,12 +6,12 @@ GO ?= go
 # on FuzzLex in this repository). 200000 runs take 7-17 s a target here.
 FUZZTIME ?= 200000x
 
-.PHONY: test test-pg19-emulated test-pg18 test-docker unit vet generate generate-check dockertest redisstore otel prometheus fuzz fuzz-all difftest ormcheck demo bench postgres check-long
+.PHONY: pgrywsqlx test test-pg19-emulated test-pg18 test-docker unit vet generate generate-check dockertest redisstore otel prometheus fuzz fuzz-all difftest ormcheck demo bench postgres check-long
 
 test: postgres vet
 	@./scripts/pg-version.sh "" "Debian's server: every test, with -race"
 	$(GO) test -race -count=1 ./...
-	$(MAKE) difftest ormcheck dockertest redisstore otel prometheus fuzz generate-check
+	$(MAKE) difftest ormcheck pgrywsqlx dockertest redisstore otel prometheus fuzz generate-check
 	$(MAKE) test-pg19-emulated test-pg18
 
 # The generated classifier table matches what the server says.
@@ -74,6 +74,7 @@ vet:
 	cd redisstore && $(GO) vet ./... && $(STATICCHECK) ./...
 	cd otel && $(GO) vet ./... && $(STATICCHECK) ./...
 	cd prometheus && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd pgrywsqlx && $(GO) vet ./... && $(STATICCHECK) ./...
 
 unit:
 	$(GO) test -count=1 -short ./...
@@ -106,6 +107,11 @@ otel:
 # over HTTP with a real primary and replica behind it.
 prometheus:
 	cd prometheus && $(GO) test -race -count=1 ./...
+
+# sqlx, as its users write it, through pgrywsqlx (its own module) against
+# real replicas, compared with pgx.
+pgrywsqlx:
+	cd pgrywsqlx && $(GO) test -race -count=1 ./...
 
 # sqlx and GORM on pgryw against real replicas; its own module, so pgryw's
 # users never download them.

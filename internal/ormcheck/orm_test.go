@@ -155,3 +155,58 @@ func TestGORM(t *testing.T) {
 		t.Fatalf("reads were not served by replicas: %+v", s)
 	}
 }
+
+// Two handles to one database, as GORM's users hold them (GORM's own
+// TestPreparedStmtConcurrentClose opens a second *sql.DB on the same DSN):
+// one gorm.DB with PrepareStmt beside another, each on its own
+// sql.Open("pgryw", dsn) pool. A write through one is seen by a read
+// through the other at once, with the replicas 100 ms behind.
+func TestGORMTwoHandles(t *testing.T) {
+	open(t) // the replicas' delay
+	dsn := cluster.WriterDSN() + "&wait_timeout=2s&replicas=" + strings.Join(cluster.ReplicaAddrs(), ",")
+	handle := func(prepare bool) *gorm.DB {
+		db, err := gorm.Open(postgres.New(postgres.Config{DriverName: "pgryw", DSN: dsn}), &gorm.Config{Logger: logger.Discard, PrepareStmt: prepare})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sdb, err := db.DB()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sdb.Close() })
+		return db
+	}
+	a, b := handle(true), handle(false)
+	type TwoHandle struct {
+		ID   int64
+		Name string
+	}
+	if err := a.AutoMigrate(&TwoHandle{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WaitCaughtUp(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		w, r := a, b
+		if i%2 == 1 {
+			w, r = b, a
+		}
+		u := TwoHandle{Name: "h"}
+		if err := w.Create(&u).Error; err != nil {
+			t.Fatal(err)
+		}
+		var got TwoHandle
+		if err := r.First(&got, u.ID).Error; err != nil {
+			t.Fatalf("First(%d) through the other handle right after Create: %v (stale read)", u.ID, err)
+		}
+	}
+	sdb, _ := b.DB()
+	st, err := pgryw.StatsOf(sdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ReplicaReads == 0 {
+		t.Fatalf("no read of the second handle was served by a replica: %+v", st)
+	}
+}
