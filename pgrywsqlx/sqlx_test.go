@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/pgryw/pgryw"
 	"github.com/pgryw/pgryw/internal/pgtest"
