@@ -205,6 +205,7 @@ type clusterScope struct {
 	inflight pendingSet    // captures of possible commits the watermark awaits (deferred.go)
 	sysID    atomic.Uint64 // the primary's system identifier, once read; 0: unknown
 	sysTried atomic.Bool   // the server refused to say: not asked again
+	sysAsked atomic.Int64  // when the monitor last asked the writer (unix ns)
 	tli      atomic.Uint32 // the current writer's timeline (see sawPrimary); 0 until known
 	genMu    sync.Mutex    // serializes changes of tli
 

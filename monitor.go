@@ -3,6 +3,7 @@ package pgryw
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -173,6 +174,7 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 			return nil
 		}
 		b = newBackend(dc, n)
+		n.system.Store(0) // a new connection may reach another server: read it again
 	}
 	q := sqlPoll
 	if b.major >= 19 {
@@ -211,8 +213,68 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 		return b
 	}
 	n.notStandby.Store(false)
-	if known {
+	c.checkSystem(ctx, n, b)
+	if known && !n.foreign.Load() {
 		c.topo.observe(n, l, time.Now().UnixNano())
 	}
 	return b
+}
+
+// checkSystem compares the system identifier of standby n (read over b,
+// its monitor connection, the first time) with the writer's (read once, on
+// a connection of its own): a mismatch keeps n out of reads, for good.
+// Where the role may not read either, nothing is compared.
+func (c *Connector) checkSystem(ctx context.Context, n *node, b *backend) {
+	if n.system.Load() == 0 {
+		row, null, err := b.control(ctx, sqlSystem)
+		if err != nil || len(row) != 1 {
+			return
+		}
+		sys := systemUnknown // the role may not read it: not asked again on this connection
+		if !null[0] {
+			if v, err := strconv.ParseUint(row[0], 10, 64); err == nil && v != 0 {
+				sys = v
+			}
+		}
+		n.system.Store(sys)
+	}
+	sys := n.system.Load()
+	if sys == systemUnknown {
+		return // nothing to compare: the writer is not asked
+	}
+	w := c.writerSystem(ctx)
+	n.foreign.Store(w != 0 && sys != w)
+}
+
+// systemUnknown marks a node whose system identifier cannot be read.
+const systemUnknown = ^uint64(0)
+
+// writerSystem returns the writer's system identifier, asking it (at most
+// once a second while it does not answer) when it is not known yet; 0 when
+// unknown.
+func (c *Connector) writerSystem(ctx context.Context) uint64 {
+	if s := c.sysID.Load(); s != 0 || c.sysTried.Load() {
+		return s
+	}
+	now := time.Now().UnixNano()
+	if last := c.sysAsked.Load(); now-last < int64(time.Second) || !c.sysAsked.CompareAndSwap(last, now) {
+		return 0
+	}
+	dc, err := c.dial(ctx, c.topo.primary)
+	if err != nil {
+		return 0
+	}
+	b := newBackend(dc, c.topo.primary)
+	defer b.close()
+	row, null, err := b.control(ctx, sqlSystem)
+	switch {
+	case err != nil || len(row) != 1:
+	case null[0]:
+		c.sysTried.Store(true) // the role may not know it
+	default:
+		if sys, err := strconv.ParseUint(row[0], 10, 64); err == nil && sys != 0 {
+			c.sysID.CompareAndSwap(0, sys)
+		}
+	}
+	return c.sysID.Load()
 }

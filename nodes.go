@@ -25,6 +25,11 @@ type node struct {
 	downUntil  atomic.Int64  // unix nanos; out of reads until then (refused the session's defaults)
 	notStandby atomic.Bool   // reported not in recovery (or a promotion pending): promoted, or the writer
 	timeline   atomic.Uint32 // of the last record it replayed, where the monitor could read it (PostgreSQL 19); 0: unknown
+	// system: the node's system identifier as the monitor read it (0:
+	// unknown); foreign: it is not the writer's, so the node is a standby
+	// of another cluster and stays out of reads.
+	system  atomic.Uint64
+	foreign atomic.Bool
 	lag        atomic.Int64  // lower bound on replay lag, ns (see history)
 	lagAt      atomic.Int64  // when lag was measured, unix ns; 0 = never
 	waits      atomic.Int64  // reads waiting on this replica (max_waits, overload.go)
@@ -94,13 +99,13 @@ func (n *node) sawReplay(l lsn.LSN) {
 }
 
 func (n *node) usable(now int64) bool {
-	return !n.notStandby.Load() && !n.down.Load() && n.downUntil.Load() <= now
+	return !n.notStandby.Load() && !n.foreign.Load() && !n.down.Load() && n.downUntil.Load() <= now
 }
 
 // usableBy is usable, reading the clock only for a node out of reads until
 // some time.
 func (n *node) usableBy(clock func() int64) bool {
-	if n.notStandby.Load() || n.down.Load() {
+	if n.notStandby.Load() || n.foreign.Load() || n.down.Load() {
 		return false
 	}
 	until := n.downUntil.Load()

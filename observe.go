@@ -532,6 +532,10 @@ func (c *Connector) noteHealth(n *node) {
 	case HealthRefused:
 		c.logAt(slog.LevelWarn, "pgryw: node refuses the session's transactions (a SERIALIZABLE default on a standby?)", node, r,
 			slog.Duration("retry_in", time.Duration(n.downUntil.Load()-time.Now().UnixNano()).Round(time.Second)))
+	case HealthForeign:
+		c.logAt(slog.LevelError, "pgryw: node is a standby of another cluster (its system identifier is not the writer's): reads leave it alone",
+			node, r, slog.Uint64("system_identifier", n.system.Load()), slog.Uint64("writer_system_identifier", c.sysID.Load()))
+		return
 	case HealthNotStandby:
 		level := slog.LevelWarn
 		if old == HealthUnknown && n.candidate {

@@ -45,6 +45,7 @@ const (
 	protoPoll       = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
 	protoRecovery   = "SELECT pg_catalog.pg_is_in_recovery(), COALESCE(r.last_replayed_end_lsn, pg_catalog.pg_last_wal_replay_lsn()), r.last_replayed_tli, r.promote_triggered FROM (SELECT) AS one LEFT JOIN pg_catalog.pg_stat_recovery AS r ON true"
 	protoCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
+	protoSystem     = "SELECT CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE') THEN (SELECT s.system_identifier::text FROM pg_catalog.pg_control_system() s) END"
 
 	protoStart   = "0/2000000"  // the replica's replay position before the write
 	protoLSN     = "0/3000100"  // the writer's position after the write
@@ -238,6 +239,8 @@ func (r *protoReplica) answer(c *pgfake.Conn, b pgfake.Batch) []pgproto3.Backend
 				Cols: []pgfake.Column{{Name: "pg_last_wal_replay_lsn", OID: 3220}, {Name: "pg_is_in_recovery", OID: 16}},
 				Rows: [][][]byte{pgfake.Row(r.replay, "t")},
 			}
+		case q.SQL == protoSystem:
+			return pgfake.Result{Cols: []pgfake.Column{{Name: "system_identifier", OID: 25}}, Rows: [][][]byte{{nil}}}
 		case q.SQL == protoRecovery:
 			row := [][]byte{[]byte("t"), []byte(r.replay), nil, nil}
 			if r.tli != "" {
@@ -318,7 +321,7 @@ func monitorPoll(b pgfake.Batch) bool {
 	}
 	switch m := b.Msgs[0].(type) {
 	case *pgproto3.Query:
-		return m.String == protoPoll || m.String == protoRecovery
+		return m.String == protoPoll || m.String == protoRecovery || m.String == protoSystem
 	case *pgproto3.Terminate:
 		return true
 	}
@@ -390,8 +393,8 @@ func flushes(s *pgfake.Server, all bool) []flush {
 		pool := false
 		for _, b := range c.Batches() {
 			f := flush{conn: c, batch: b, msgs: pgfake.Summary(b, c.Label("pgryw_"))}
-			if reflect.DeepEqual(f.msgs, []string{"Query -- ping"}) {
-				continue // pgx's, when database/sql reuses a connection
+			if reflect.DeepEqual(f.msgs, []string{"Query -- ping"}) || reflect.DeepEqual(f.msgs, []string{"Query " + protoSystem}) {
+				continue // pgx's, when database/sql reuses a connection; the monitor's
 			}
 			for _, m := range b.Msgs {
 				if _, ok := m.(*pgproto3.Bind); ok {

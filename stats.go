@@ -81,6 +81,7 @@ const (
 	HealthDown                     // a connect or a statement failed; left alone until a retry
 	HealthRefused                  // refused the session's transactions (a SERIALIZABLE default on a standby); left alone for a minute
 	HealthNotStandby               // a replica that says it is not in recovery (promoted); reads leave it alone
+	HealthForeign                  // a standby of another cluster (its system identifier is not the writer's); reads leave it alone
 )
 
 var healthNames = [...]string{
@@ -89,6 +90,7 @@ var healthNames = [...]string{
 	HealthDown:       "down",
 	HealthRefused:    "refused",
 	HealthNotStandby: "not a standby",
+	HealthForeign:    "another cluster's standby",
 }
 
 // String names the state: "unknown", "up", "down", "refused", "not a
@@ -159,6 +161,9 @@ func (o *nodeObs) observeWait(d time.Duration) {
 // health returns n's state at now (unix ns), from what the routing code and
 // the monitor recorded on it.
 func (n *node) health(now int64) Health {
+	if n.index >= 0 && n.foreign.Load() {
+		return HealthForeign
+	}
 	if n.index >= 0 && n.notStandby.Load() {
 		return HealthNotStandby
 	}

@@ -202,3 +202,71 @@ func TestIntegrationRawIsPgrywConn(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Class 5: a hot standby of another cluster listed in replicas (a
+// blue/green migration leaves one behind). Its WAL positions are ahead of
+// this cluster's, so every catch-up check would pass at once there; its
+// system identifier is not the writer's, and the monitor keeps it out of
+// reads. The reads after writes must all see their rows.
+func TestIntegrationForeignStandbyIgnored(t *testing.T) {
+	pgtest.Require(t, cluster)
+	ctx := context.Background()
+	other, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, BinDir: cluster.BinDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ow, err := pgx.Connect(ctx, other.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 8; i++ { // move the other cluster's WAL well ahead
+		if _, err := ow.Exec(ctx, "SELECT pg_switch_wal(), txid_current()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var otherPos, ourPos string
+	ow.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&otherPos)
+	ow.Close(ctx)
+	if err := other.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	table := newTable(t)
+	setDelay(t, 100*time.Millisecond)
+	db, c := openDSN(t, cluster.WriterDSN()+"&wait_timeout=2s&replicas="+other.ReplicaAddrs()[0]+","+cluster.ReplicaAddrs()[0])
+	if err := db.PingContext(ctx); err != nil { // the pool's first connection starts the monitor
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.NodeStats()[1].Health != pgryw.HealthForeign {
+		if time.Now().After(deadline) {
+			t.Fatalf("the other cluster's standby: %+v", c.NodeStats()[1])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stale := 0
+	for i := 1; i <= 20; i++ {
+		if _, err := db.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 1)", table, i)); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := db.QueryRowContext(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE id = %d", table, i)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			stale++
+		}
+	}
+	db.QueryRowContext(pgryw.WithPrimary(ctx), "SELECT pg_current_wal_insert_lsn()::text").Scan(&ourPos)
+	ns := c.NodeStats()
+	t.Logf("other cluster at %s, ours at %s; nodes %v / %v; stats %+v", otherPos, ourPos, ns[1].Health, ns[2].Health, c.Stats())
+	if stale != 0 {
+		t.Fatalf("%d reads missed their own writes", stale)
+	}
+	if ns[1].Reads != 0 {
+		t.Fatalf("the other cluster's standby served %d reads", ns[1].Reads)
+	}
+	if ns[2].Reads == 0 {
+		t.Fatal("no read was served by this cluster's replica")
+	}
+}

@@ -38,6 +38,14 @@ const (
 	// whether a promotion is pending in one row, read at once. It has no
 	// row when the node is not in recovery, nor for a role without
 	// pg_read_all_stats: then the functions answer (position only).
+	// sqlSystem is the node's system identifier, where the role may read
+	// it (NULL where not: nothing is compared then). The monitor sends it
+	// behind its probe of each replica, and once to the primary: a standby
+	// of another cluster (a blue/green migration's, an old major
+	// version's) has positions of another history, which say nothing of
+	// this one.
+	sqlSystem = "SELECT CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')" +
+		" THEN (SELECT s.system_identifier::text FROM pg_catalog.pg_control_system() s) END"
 	sqlRecovery = "SELECT pg_catalog.pg_is_in_recovery(), COALESCE(r.last_replayed_end_lsn, pg_catalog.pg_last_wal_replay_lsn())," +
 		" r.last_replayed_tli, r.promote_triggered FROM (SELECT) AS one LEFT JOIN pg_catalog.pg_stat_recovery AS r ON true"
 	// sqlCaptureLSN is sqlCapture's position alone, for a node where the
