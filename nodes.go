@@ -30,9 +30,9 @@ type node struct {
 	// of another cluster and stays out of reads.
 	system  atomic.Uint64
 	foreign atomic.Bool
-	lag        atomic.Int64  // lower bound on replay lag, ns (see history)
-	lagAt      atomic.Int64  // when lag was measured, unix ns; 0 = never
-	waits      atomic.Int64  // reads waiting on this replica (max_waits, overload.go)
+	lag     atomic.Int64 // lower bound on replay lag, ns (see history)
+	lagAt   atomic.Int64 // when lag was measured, unix ns; 0 = never
+	waits   atomic.Int64 // reads waiting on this replica (max_waits, overload.go)
 	// fastFails counts fast-path captures (backend.injectCapture) left
 	// unanswered by a connection that broke, since the last one answered.
 	// An error answer, or fastCaptureTries of those, turns the node's fast
