@@ -299,12 +299,21 @@ func (t *tx) note(query string, args []driver.NamedValue, cls *sqlclass.Result, 
 	}
 }
 
-func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Result, error) {
+// place classifies a statement of the transaction and, on a replica, moves
+// the transaction to the primary first when the statement must run there
+// or would see more there (needsPrimary, behind).
+func (t *tx) place(ctx context.Context, query string) (sqlclass.Result, error) {
 	cls := t.cn.c.classify(ctx, query)
 	if t.needsPrimary(&cls) || t.behind(ctx) {
-		if err := t.toPrimary(); err != nil {
-			return nil, err
-		}
+		return cls, t.toPrimary()
+	}
+	return cls, nil
+}
+
+func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Result, error) {
+	cls, err := t.place(ctx, query)
+	if err != nil {
+		return nil, err
 	}
 	res, err := t.b.execVia(ctx, st, query, args)
 	if refused, nodeWide := t.refused(err); refused {
@@ -319,11 +328,9 @@ func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue, s
 }
 
 func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Rows, error) {
-	cls := t.cn.c.classify(ctx, query)
-	if t.needsPrimary(&cls) || t.behind(ctx) {
-		if err := t.toPrimary(); err != nil {
-			return nil, err
-		}
+	cls, err := t.place(ctx, query)
+	if err != nil {
+		return nil, err
 	}
 	rows, err := t.b.queryVia(ctx, st, query, args)
 	if refused, nodeWide := t.refused(err); refused {

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -125,4 +126,22 @@ func forwardStartup(client, server net.Conn) bool {
 	}
 	_, err := server.Write(start)
 	return err == nil
+}
+
+// readMessage reads one protocol message after the startup phase: its type
+// and its body.
+func readMessage(r io.Reader) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n < 4 || n > 1<<30 {
+		return 0, nil, errors.New("pgtest: message length out of range")
+	}
+	body := make([]byte, n-4)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0, nil, err
+	}
+	return hdr[0], body, nil
 }

@@ -361,20 +361,11 @@ func (s *wfSession) backend() {
 		return
 	}
 	r := bufio.NewReaderSize(s.server, 64<<10)
-	var hdr [5]byte
 	for {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		t, body, err := readMessage(r)
+		if err != nil {
 			return
 		}
-		n := binary.BigEndian.Uint32(hdr[1:])
-		if n < 4 || n > 1<<30 {
-			return
-		}
-		body := make([]byte, n-4)
-		if _, err := io.ReadFull(r, body); err != nil {
-			return
-		}
-		t := hdr[0]
 		switch t {
 		case 'K':
 			if len(body) >= 8 {
@@ -406,7 +397,6 @@ func (s *wfSession) backend() {
 		s.out.WriteByte(t)
 		s.out.Write(lenb[:])
 		s.out.Write(body)
-		var err error
 		if t == 'Z' || r.Buffered() == 0 {
 			err = s.out.Flush()
 		}
@@ -551,20 +541,12 @@ func (s *wfSession) frontend() {
 		defer close(msgs)
 		defer s.gone.Store(true)
 		r := bufio.NewReaderSize(s.client, 64<<10)
-		var hdr [5]byte
 		for {
-			if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			t, body, err := readMessage(r)
+			if err != nil {
 				return
 			}
-			n := binary.BigEndian.Uint32(hdr[1:])
-			if n < 4 || n > 1<<30 {
-				return
-			}
-			body := make([]byte, n-4)
-			if _, err := io.ReadFull(r, body); err != nil {
-				return
-			}
-			msgs <- clientMsg{hdr[0], body}
+			msgs <- clientMsg{t, body}
 		}
 	}()
 	for m := range msgs {
