@@ -592,6 +592,13 @@ func (s *wfSession) message(t byte, body []byte) error {
 		}
 		delete(s.stmts, name)
 		s.pollStmts[name] = s.p.opts.Polls != nil && s.p.opts.Polls(query)
+		if s.pollStmts[name] && !s.forwarded {
+			// Parsing takes catalog locks of its own: what the session
+			// held before the poll is read now.
+			if err := s.notePoll(); err != nil {
+				return err
+			}
+		}
 		body = append(append(append([]byte(name), 0), query...), 0)
 		body = append(body, tail...)
 	case 'B':
@@ -605,9 +612,10 @@ func (s *wfSession) message(t byte, body []byte) error {
 			return s.toClient(&pgproto3.BindComplete{})
 		}
 		delete(s.portals, portal)
-		if s.pollStmts[stmt] {
+		if s.pollStmts[stmt] && !s.forwarded {
 			// Bind starts the statement (its transaction, its locks):
-			// what the session held before it is read now.
+			// what the session held before it is read now (unless its
+			// Parse came first in the segment, and was looked at then).
 			if err := s.notePoll(); err != nil {
 				return err
 			}
