@@ -81,11 +81,12 @@ type Connector struct {
 	funcs     funcCatalog
 	noCatalog bool // unit tests: no primary to ask
 
-	stats counters
-	over  overload // max_fallback and max_waits (max_replica_lag is topo.lag)
-	log   atomic.Pointer[slog.Logger]
-	obs   connObs // the pool-wide served-by hook (observe.go)
-	mon   monitor
+	stats   counters
+	over    overload // max_fallback and max_waits (max_replica_lag is topo.lag)
+	log     atomic.Pointer[slog.Logger]
+	obs     connObs // the pool-wide served-by hook (observe.go)
+	mon     monitor
+	seenTLI atomic.Uint32 // the writer's timeline as this connector's connections last saw it (noteTimeline)
 
 	// dial opens a backend connection; replaced by unit tests to put
 	// go-sqlmock connections in place of servers.

@@ -38,6 +38,9 @@ func (c *Connector) sawPrimary(p primaryPos) bool {
 	if p.tli != c.tli.Load() && !c.switchTimeline(p) {
 		return false
 	}
+	if p.tli != c.seenTLI.Load() {
+		c.noteTimeline(p.tli)
+	}
 	c.topo.hist.add(p.lsn, time.Now().UnixNano(), p.tli)
 	return true
 }
@@ -59,13 +62,30 @@ func (c *Connector) switchTimeline(p primaryPos) bool {
 	}
 	if cur != 0 {
 		c.db.wm.Set(p.lsn)
-		c.stats.writerChanges.Add(1)
-		c.logAt(slog.LevelWarn, "pgryw: the writer changed (a new timeline): watermarks of the old history move to the new writer's position",
-			slog.Uint64("old_timeline", uint64(cur)), slog.Uint64("new_timeline", uint64(p.tli)),
-			slog.String("position", p.lsn.String()))
 	}
 	c.tli.Store(p.tli)
 	return true
+}
+
+// noteTimeline records, for this connector's stats and log, the writer's
+// timeline as its connections see it: the timeline itself is the cluster
+// scope's, shared with the process's other connectors to the same writer,
+// and whichever saw the new one first moved the shared watermark.
+func (c *Connector) noteTimeline(tli uint32) {
+	for {
+		old := c.seenTLI.Load()
+		if tli <= old {
+			return
+		}
+		if c.seenTLI.CompareAndSwap(old, tli) {
+			if old != 0 {
+				c.stats.writerChanges.Add(1)
+				c.logAt(slog.LevelWarn, "pgryw: the writer changed (a new timeline): watermarks of the old history move to the new writer's position",
+					slog.Uint64("old_timeline", uint64(old)), slog.Uint64("new_timeline", uint64(tli)))
+			}
+			return
+		}
+	}
 }
 
 // genAt returns the generation of a position read on b's writer on
