@@ -255,7 +255,12 @@ func TestHistory(t *testing.T) {
 	h.ports = map[int]string{cluster.Writer.Port: "primary"}
 	for i, r := range cluster.Replicas {
 		h.ports[r.Port] = fmt.Sprintf("replica%d", i)
-		h.replicas = append(h.replicas, uint16(r.Port))
+		// The port pgryw dials (the WAIT FOR emulation's proxy, when on),
+		// which faultnet knows connections by.
+		_, dial, _ := strings.Cut(cluster.ReplicaAddrs()[i], ":")
+		p, _ := strconv.Atoi(dial)
+		h.ports[p] = fmt.Sprintf("replica%d", i)
+		h.replicas = append(h.replicas, uint16(p))
 	}
 	h.nw.OnFire = func(c *faultnet.Conn, k faultnet.Kind) {
 		h.event("fired %s on %s conn %s", k, h.ports[int(c.Port())], c.LocalAddr())
