@@ -277,22 +277,19 @@ func (c *Connector) awaitFuncs(ctx context.Context, r *sqlclass.Result) {
 	if len(r.Funcs) == 0 || c.noCatalog {
 		return
 	}
+	fc := &c.funcs
 	var deadline <-chan time.Time
 	for {
-		fc := &c.funcs
-		fc.mu.Lock()
-		pending := false
-		backingOff := time.Now().Before(fc.notBefore) // the primary did not answer: do not wait on it
-		for _, f := range r.Funcs {
-			if backingOff {
-				break
-			}
-			if _, ok := fc.known[f]; !ok && fc.queued[f] && !c.forcedRead(f) && !c.forcedWrite(f) {
-				pending = true
-				break
-			}
-		}
+		// The common case, everything known, takes the shared lock only:
+		// every statement calling a function of the pool passes here.
+		fc.mu.RLock()
+		pending := c.funcsPending(r)
+		fc.mu.RUnlock()
 		if !pending {
+			return
+		}
+		fc.mu.Lock()
+		if !c.funcsPending(r) {
 			fc.mu.Unlock()
 			return
 		}
@@ -314,6 +311,22 @@ func (c *Connector) awaitFuncs(ctx context.Context, r *sqlclass.Result) {
 			return
 		}
 	}
+}
+
+// funcsPending reports that the catalog has yet to answer about a function
+// r calls (not while it backs off: the primary did not answer, and a
+// statement is not made to wait on it). Call it with c.funcs.mu held.
+func (c *Connector) funcsPending(r *sqlclass.Result) bool {
+	fc := &c.funcs
+	if !fc.notBefore.IsZero() && time.Now().Before(fc.notBefore) {
+		return false
+	}
+	for _, f := range r.Funcs {
+		if _, ok := fc.known[f]; !ok && fc.queued[f] && !c.forcedRead(f) && !c.forcedWrite(f) {
+			return true
+		}
+	}
+	return false
 }
 
 // classify is the classification of query with what the catalog knows of
