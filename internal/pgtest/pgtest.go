@@ -72,6 +72,14 @@ type Options struct {
 	// (see WaitForProxy): ReplicaAddrs then returns the proxies'
 	// addresses. "" means $PGRYW_EMULATE_PG19 ("1" turns it on).
 	EmulateWaitFor bool
+	// Bouncer, "transaction" or "session", puts a PgBouncer in that pool
+	// mode in front of every node (see StartBouncer): WriterDSN and
+	// ReplicaAddrs then name the bouncers, and WriterDSN asks pgx for
+	// default_query_exec_mode=simple_protocol in transaction mode (pgx
+	// needs it behind PgBouncer 1.18, which has no protocol-level prepared
+	// statements). The Writer and Replicas nodes stay the servers
+	// themselves. "" means $PGRYW_PGBOUNCER.
+	Bouncer string
 	// Settings are extra postgresql.conf lines ("name = value") for every
 	// node of a local cluster, appended after pgtest's own (so they win
 	// over them), e.g. shared_preload_libraries. External and Docker
@@ -138,6 +146,7 @@ type Cluster struct {
 	be           backend
 	appNames     []string        // per replica: application_name on the writer; nil means replicaN
 	fronts       []*WaitForProxy // per replica, with EmulateWaitFor
+	bouncers     []*Bouncer      // writer first, then per replica, with Options.Bouncer
 	walBlockSize uint64          // 0 if unknown
 	walSegSize   uint64          // 0 if unknown
 
@@ -165,7 +174,15 @@ type backend interface {
 // when no server can be found. On error nothing is left running.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	opts = opts.withDefaults()
-	return finish(ctx, opts.EmulateWaitFor, func() (*Cluster, error) { return start(ctx, opts) })
+	c, err := finish(ctx, opts.EmulateWaitFor, func() (*Cluster, error) { return start(ctx, opts) })
+	if err != nil || opts.Bouncer == "" {
+		return c, err
+	}
+	if err := c.startBouncers(ctx, opts.Bouncer); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 func start(ctx context.Context, opts Options) (*Cluster, error) {
@@ -205,6 +222,9 @@ func (o Options) withDefaults() Options {
 	}
 	if os.Getenv(EmulateEnv) == "1" {
 		o.EmulateWaitFor = true
+	}
+	if o.Bouncer == "" {
+		o.Bouncer = os.Getenv(BouncerEnv)
 	}
 	return o
 }
@@ -300,7 +320,23 @@ func (c *Cluster) describe(ctx context.Context) error {
 
 // WriterDSN returns the writer's URL, e.g.
 // "postgres://postgres@127.0.0.1:PORT/postgres?sslmode=disable".
-func (c *Cluster) WriterDSN() string { return c.Writer.DSN() }
+//
+// With Options.Bouncer it names the writer's bouncer.
+func (c *Cluster) WriterDSN() string {
+	if len(c.bouncers) == 0 {
+		return c.Writer.DSN()
+	}
+	b := c.bouncers[0]
+	d := strings.Replace(c.Writer.DSN(), c.Writer.Addr(), b.Addr(), 1)
+	if b.Mode() == "transaction" {
+		d += "&default_query_exec_mode=simple_protocol"
+	}
+	return d
+}
+
+// Bouncers returns the PgBouncers in front of the nodes (Options.Bouncer),
+// the writer's first, or nil.
+func (c *Cluster) Bouncers() []*Bouncer { return c.bouncers }
 
 // ReplicaDSN returns replica i's URL. It panics if i is out of range.
 func (c *Cluster) ReplicaDSN(i int) string { return c.Replicas[i].DSN() }
@@ -314,6 +350,9 @@ func (c *Cluster) ReplicaAddrs() []string {
 		out[i] = r.Addr()
 		if i < len(c.fronts) {
 			out[i] = c.fronts[i].Addr()
+		}
+		if i+1 < len(c.bouncers) {
+			out[i] = c.bouncers[i+1].Addr()
 		}
 	}
 	return out
@@ -576,6 +615,9 @@ func (c *Cluster) Close() error {
 		return nil
 	}
 	c.closed = true
+	for _, b := range c.bouncers {
+		b.Close()
+	}
 	for _, p := range c.fronts {
 		p.Close()
 	}
