@@ -73,7 +73,7 @@ func TestLagAndETA(t *testing.T) {
 	topo.hist.add(200, now-20*ms, 1)
 	// The replica is seen at 100 now; the primary was past 100 (at 200) 20 ms
 	// ago: it is at least 20 ms behind.
-	topo.observe(n, 100, now)
+	topo.observe(n, 0, 100, now)
 	if got := n.lag.Load(); got != 20*ms {
 		t.Fatalf("lag %v, want 20ms", time.Duration(got))
 	}
@@ -97,7 +97,7 @@ func TestLagAndETA(t *testing.T) {
 		t.Fatal("eta for an unknown primary position")
 	}
 	// A wait that succeeded bounds the lag from above.
-	topo.reached(n, 200, now-10*ms)
+	topo.reached(n, 0, 200, now-10*ms)
 	if got := n.lag.Load(); got != 10*ms {
 		t.Fatalf("lag after reached %v, want 10ms", time.Duration(got))
 	}

@@ -32,6 +32,17 @@ type backend struct {
 
 	applied applied // the settings a replica connection's session was given
 
+	// peer is what the connection learned of what it reached when it was
+	// opened (Connector.identify): a pooler in between, the server
+	// instance.
+	peer wire.Peer
+	// noChain: a check that had to be chained into the read was not (the
+	// read went in the simple protocol): behind a transaction pooler, its
+	// checks are round trips of their own.
+	noChain bool
+	// probes counts the monitor's probes over this connection (Connector.probe).
+	probes int
+
 	// The primary's wal_block_size and timeline, from the connection's
 	// first capture (0: not yet). Neither changes while a connection to a
 	// primary lives (a primary is never promoted again; a standby's
@@ -77,6 +88,12 @@ func newBackend(dc driver.Conn, n *node) *backend {
 		b.pg = sc.Conn().PgConn()
 		b.major = majorVersion(b.pg.ParameterStatus("server_version"))
 		b.wire, _ = b.pg.Conn().(*wire.Conn)
+		if b.wire != nil {
+			b.peer = b.wire.Peer
+			if n.pooledSeen.Load() {
+				b.peer = wire.Peer{TxPooled: true, Unnamed: true}
+			}
+		}
 		if b.wire != nil && n.index < 0 {
 			b.peek = newSockPeek(b.wire.Conn)
 		}
@@ -301,13 +318,20 @@ type slot struct {
 // (Parse then, Bind/Execute/Sync every time): the server skips parse and
 // plan, which a simple Query pays on every write. params are its bind
 // parameters in text format (nil: NULL).
+//
+// Behind a pooler (peer.Unnamed) the statement is the unnamed one, parsed in
+// the same flush every time: the server connection that has a named one
+// may not be the one the next flush reaches, nor the only one that has it.
 func (b *backend) injectPrepared(s *slot, name, sql string, params ...[]byte) *wire.Injection {
 	buf := s.msgs[:0]
 	base := name
-	if b.prepGen > 0 {
+	if b.peer.Unnamed {
+		name = ""
+		buf, _ = (&pgproto3.Parse{Query: sql}).Encode(buf)
+	} else if b.prepGen > 0 {
 		name += "_" + strconv.Itoa(b.prepGen)
 	}
-	if !b.prepared[base] {
+	if !b.peer.Unnamed && !b.prepared[base] {
 		buf, _ = (&pgproto3.Parse{Name: name, Query: sql}).Encode(buf)
 		if b.prepared == nil {
 			b.prepared = map[string]bool{}
@@ -426,14 +450,28 @@ func (b *backend) forgetPrepared() {
 
 // injectionFailed notes a ride-along statement's error: a prepared statement
 // that is gone (DEALLOCATE ALL, DISCARD ALL) is prepared again next time.
+//
+// Either error for a name this connection prepared (or is preparing) under
+// its current generation means its flushes do not all reach one server
+// connection: a transaction pooler the connect-time check did not see. The
+// connection, and new connections to the node, are then treated as behind
+// one (Pooler).
 func (b *backend) injectionFailed(name string, err error) {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case sqlstateNoSuchStatement:
-			delete(b.prepared, name)
-		case sqlstateDuplicateStatement:
-			b.prepared[name] = true
+	if !errors.As(err, &pgErr) || b.peer.Unnamed {
+		return
+	}
+	switch pgErr.Code {
+	case sqlstateNoSuchStatement, sqlstateDuplicateStatement:
+		if name != "" && b.prepared[name] {
+			b.peer = wire.Peer{TxPooled: true, Unnamed: true}
+			b.node.pooledSeen.Store(true)
 		}
+	}
+	switch pgErr.Code {
+	case sqlstateNoSuchStatement:
+		delete(b.prepared, name)
+	case sqlstateDuplicateStatement:
+		b.prepared[name] = true
 	}
 }

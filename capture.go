@@ -88,7 +88,10 @@ func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, 
 	if cn.c.cfg.ReadYourWrites {
 		ws.commits = commits
 		ws.seen = cn.lostSeen(ctx)
-		if w.wire != nil && endsIdle(cls, ws.idleBefore) {
+		if w.wire != nil && endsIdle(cls, ws.idleBefore) && !w.peer.TxPooled {
+			// (Behind a transaction pooler the statement's ReadyForQuery
+			// may hand its server connection to another client: the
+			// position is read with a round trip of its own, afterPrimary.)
 			slot := &w.post
 			if p := cn.pending; p != nil && p.inj == &w.post.inj {
 				slot = &w.post2 // the pending capture's answer is still to come

@@ -263,7 +263,7 @@ func (cn *Conn) checkPrimary(ctx context.Context) error {
 func (cn *Conn) probeFastPath(ctx context.Context) error {
 	b := cn.primary
 	n := b.node
-	if b.wire == nil || cn.pending != nil || b.captureFn.Load() == 0 || n.fastState.Load() != fastUnknown ||
+	if b.wire == nil || b.peer.TxPooled || cn.pending != nil || b.captureFn.Load() == 0 || n.fastState.Load() != fastUnknown ||
 		!b.idle() || !n.fastPathOn() {
 		return nil
 	}

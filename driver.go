@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"maps"
@@ -172,6 +173,57 @@ func (c *Connector) wireUp(cc *pgx.ConnConfig) {
 		}
 		return wire.Wrap(nc), nil
 	}
+	if c.cfg.Pooler == PoolerNone {
+		return
+	}
+	prevAfter := cc.AfterConnect
+	cc.AfterConnect = func(ctx context.Context, pc *pgconn.PgConn) error {
+		if prevAfter != nil {
+			if err := prevAfter(ctx, pc); err != nil {
+				return err
+			}
+		}
+		w, ok := pc.Conn().(*wire.Conn)
+		if !ok {
+			return nil
+		}
+		return c.identify(ctx, pc, w)
+	}
+}
+
+// sqlIdentity names the backend and the server instance a new connection
+// reached: a backend process ID other than the BackendKeyData's means a
+// pooler in between; the postmaster's start time and port tell one server
+// instance from another behind the same address.
+const sqlIdentity = "SELECT pg_catalog.pg_backend_pid(), pg_catalog.pg_postmaster_start_time()::text, COALESCE(pg_catalog.inet_server_port(), 0)"
+
+// identify sets w.Peer for a connection just opened, by c's pooler
+// setting: with auto and session, from sqlIdentity's answer (one round
+// trip).
+func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Conn) error {
+	if c.cfg.Pooler == PoolerTransaction {
+		w.Peer = wire.Peer{TxPooled: true, Unnamed: true}
+		return nil
+	}
+	res, err := pc.Exec(ctx, sqlIdentity).ReadAll()
+	if err != nil {
+		return fmt.Errorf("pgryw: reading which server the connection reached: %w", err)
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 3 {
+		return errors.New("pgryw: reading which server the connection reached: unexpected answer")
+	}
+	row := res[0].Rows[0]
+	pid, _ := strconv.ParseUint(string(row[0]), 10, 32)
+	if c.cfg.Pooler == PoolerAuto && uint32(pid) != pc.PID() {
+		w.Peer = wire.Peer{TxPooled: true, Unnamed: true}
+		return nil
+	}
+	h := fnv.New64a()
+	h.Write(row[1])
+	h.Write([]byte{0})
+	h.Write(row[2])
+	w.Peer = wire.Peer{Unnamed: c.cfg.Pooler == PoolerSession, Instance: h.Sum64() | 1}
+	return nil
 }
 
 type hostPort struct {

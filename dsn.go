@@ -56,6 +56,40 @@ var waitMethodNames = []string{"auto", "wait_for", "poll", "polar"}
 // String returns the DSN spelling.
 func (w WaitMethod) String() string { return enumName(waitMethodNames, int(w)) }
 
+// Pooler says what may sit between pgryw and each node's server: a
+// connection pooler (PgBouncer and the like) changes which server
+// connection a client connection's statements reach, in transaction mode
+// at the end of every transaction, and that shapes what may ride along.
+type Pooler uint8
+
+const (
+	// PoolerAuto asks each new server connection which backend it reached
+	// (one round trip at connect): a backend process ID other than the one
+	// the connection was given at startup means a pooler in between, which
+	// is then taken to be in transaction mode (PoolerTransaction); else
+	// nothing is (PoolerNone, with what is known of a node bound to the
+	// server instance that answered).
+	PoolerAuto Pooler = iota
+	// PoolerNone: every address leads straight to a server; no round trip
+	// at connect, and what is known of a node belongs to its address.
+	PoolerNone
+	// PoolerSession: a pooler in session mode (a client keeps one server
+	// connection while it is connected): pgryw's statements ride along as
+	// usual, without named prepared statements.
+	PoolerSession
+	// PoolerTransaction: a pooler in transaction mode. Nothing of pgryw's
+	// rides behind a statement that ends a transaction, or in front of one
+	// unless chained into its own extended-protocol messages; positions
+	// are read with round trips of their own, every replica read is
+	// checked, and session state keeps a connection's reads on the primary.
+	PoolerTransaction
+)
+
+var poolerNames = []string{"auto", "none", "session", "transaction"}
+
+// String returns the DSN spelling.
+func (p Pooler) String() string { return enumName(poolerNames, int(p)) }
+
 // Scope says where the read-your-writes watermark lives.
 type Scope uint8
 
@@ -194,6 +228,10 @@ type Config struct {
 	// WaitMethod selects WAIT FOR LSN or polling.
 	// DSN key wait_method: auto, wait_for or poll; default auto (WaitAuto).
 	WaitMethod WaitMethod
+	// Pooler says what sits in front of the nodes' servers.
+	// DSN key pooler: auto, none, session or transaction; default auto
+	// (PoolerAuto).
+	Pooler Pooler
 	// SessionScope selects where the watermark lives.
 	// DSN key session_scope: db or conn; default db (ScopeDB).
 	SessionScope Scope
@@ -256,7 +294,7 @@ const maxWaitTimeout = time.Hour
 var dsnOptions = []dsnOption{
 	listOption("replicas", "`host[:port][,host[:port]...]`, IPv6 as `[addr]:port`",
 		func(c *Config) *[]string { return &c.Replicas }, parseReplicas, validateReplicas,
-		"Replica nodes. Each must address **one** standby (the wait and the read must land on the same node: no load-balanced endpoint). A missing port means the primary's port. No replicas: every statement goes to the primary, untouched, at no added cost."),
+		"Replica nodes. Each must address **one** standby at a time (the wait and the read must land on the same node: no load-balanced endpoint; a pooler in front of one standby is fine, see [Poolers](#poolers)). A missing port means the primary's port. No replicas: every statement goes to the primary, untouched, at no added cost."),
 	boolOption("read_your_writes", true, func(c *Config) *bool { return &c.ReadYourWrites },
 		"`off` = plain read/write splitting with no waits: reads may be stale (eventual consistency)."),
 	durationOption("wait_timeout", DefaultWaitTimeout, time.Millisecond, maxWaitTimeout,
@@ -276,6 +314,8 @@ var dsnOptions = []dsnOption{
 		"Bounded staleness for every replica read, with or without a watermark (also `read_your_writes=off`): a replica not *known* to be within this of the primary is passed over; when all are, `on_timeout` decides. See [Overload](#overload) for what is known and when."),
 	enumOption("wait_method", waitMethodNames, WaitAuto, func(c *Config) *WaitMethod { return &c.WaitMethod },
 		"`auto` = `WAIT FOR LSN … WITH (MODE 'standby_replay', TIMEOUT …, NO_THROW)` on servers ≥ 19, polling `pg_last_wal_replay_lsn()` on older ones. `wait_for` on an older server is reported as an error. `polar` = PolarDB's wait: `SET polar_consistency_mode`, `polar_proxy_wait_timeout_ms` and `polar_xact_split_wait_lsn` in front of the read (`on_timeout=stale` → `best_effort`, else `strict`); a replica that does not know them is reported as an error."),
+	enumOption("pooler", poolerNames, PoolerAuto, func(c *Config) *Pooler { return &c.Pooler },
+		"What sits in front of each node's server. `auto`: each new server connection is asked which backend it reached (one round trip at connect); another backend than the one named at startup means a pooler, taken to be in `transaction` mode. `none`: nothing (no round trip). `session`: a pooler in session mode (no named statements of pgryw's). `transaction`: a pooler that may change server connection at every transaction's end: nothing of pgryw's rides behind a statement that ends one, positions are read with round trips of their own, every replica read is checked, and session state keeps reads on the primary. See [Poolers](#poolers)."),
 	enumOption("session_scope", scopeNames, ScopeDB, func(c *Config) *Scope { return &c.SessionScope },
 		"`conn`: the watermark lives in each connection (`*sql.Conn`, `*sql.Tx`). `db`: additionally one watermark shared by the whole pool, so `db.Exec` followed by `db.Query` is covered even when the pool hands out different connections."),
 	funcListOption("write_functions", func(c *Config) *[]string { return &c.WriteFunctions },

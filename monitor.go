@@ -158,10 +158,23 @@ func (c *Connector) watch(ctx context.Context, n *node) {
 	}
 }
 
+// pooledProbes is how many probes the monitor sends over one connection to
+// a node behind a pooler before it opens another.
+const pooledProbes = 20
+
 // probe polls one node and returns the connection to keep for next time.
 func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 	ctx, cancel := context.WithTimeout(ctx, monitorTimeout)
 	defer cancel()
+	if b != nil && b.peer.Unnamed {
+		// Behind a pooler, a connection kept for good would see one
+		// server for good (in session mode): a repointed pooler's new
+		// server would go unseen.
+		if b.probes++; b.probes > pooledProbes {
+			b.close()
+			b = nil
+		}
+	}
 	if b == nil || b.closed() {
 		if b != nil {
 			b.close()
@@ -196,7 +209,7 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 	}
 	r, err := parseRecovery(row, null)
 	l, known := r.replay, r.known
-	if err == nil && r.inRecovery && known && l < n.knownReplay() {
+	if err == nil && r.inRecovery && known && l < n.knownReplay() && n.replayInst.Load() == b.peer.Instance {
 		// Within one standby's history replay only moves forward; a lower
 		// position means the node was restarted, rebuilt or changed
 		// timeline, and what we knew of it no longer holds. Forgotten
@@ -215,7 +228,7 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 	n.notStandby.Store(false)
 	c.checkSystem(ctx, n, b)
 	if known && !n.foreign.Load() {
-		c.topo.observe(n, l, time.Now().UnixNano())
+		c.topo.observe(n, b.peer.Instance, l, time.Now().UnixNano())
 	}
 	return b
 }

@@ -21,7 +21,17 @@ type node struct {
 	// while it is a standby (and perhaps never listed in replicas).
 	candidate bool
 
-	replay     atomic.Uint64 // highest replay LSN seen on this node
+	replay atomic.Uint64 // highest replay LSN seen on this node's server instance replayInst
+	// replayInst is the server instance (wire.Peer.Instance) replay was
+	// seen on; 0: none known (pooler=none, or a pooler in between). What
+	// one instance replayed says nothing of another behind the same
+	// address (a pooler repointed, a DNS name moved).
+	replayInst atomic.Uint64
+	// pooledSeen: a connection to the node met a server connection other
+	// than its own between flushes (its prepared statement gone, or
+	// someone else's there): new connections are treated as behind a
+	// transaction pooler.
+	pooledSeen atomic.Bool
 	downUntil  atomic.Int64  // unix nanos; out of reads until then (refused the session's defaults)
 	notStandby atomic.Bool   // reported not in recovery (or a promotion pending): promoted, or the writer
 	timeline   atomic.Uint32 // of the last record it replayed, where the monitor could read it (PostgreSQL 19); 0: unknown
@@ -85,13 +95,34 @@ func probeBackoff(k int32) time.Duration {
 	return min(d, probeBackoffMax)
 }
 
-// knownReplay returns the highest replay position seen on n.
+// knownReplay returns the highest replay position seen on n: for choosing
+// among replicas and for the lag, not for skipping a connection's check
+// (knownReplayOn).
 func (n *node) knownReplay() lsn.LSN { return lsn.LSN(n.replay.Load()) }
 
-// sawReplay records a replay position reported by n.
-func (n *node) sawReplay(l lsn.LSN) {
+// knownReplayOn returns what n is known to have replayed on the server
+// that b's reads reach: nothing when that server may change under b (a
+// transaction pooler) or is another instance than the one seen.
+func (n *node) knownReplayOn(b *backend) lsn.LSN {
+	if b.peer.TxPooled || n.replayInst.Load() != b.peer.Instance {
+		return 0
+	}
+	return n.knownReplay()
+}
+
+// sawReplay records a replay position reported by n's server instance
+// inst: a position of another instance than the last one replaces what
+// was known.
+func (n *node) sawReplay(l lsn.LSN, inst uint64) {
 	for {
-		cur := n.replay.Load()
+		cur, was := n.replay.Load(), n.replayInst.Load()
+		if was != inst {
+			if n.replayInst.CompareAndSwap(was, inst) {
+				n.replay.Store(uint64(l))
+				return
+			}
+			continue
+		}
 		if uint64(l) <= cur || n.replay.CompareAndSwap(cur, uint64(l)) {
 			return
 		}
@@ -299,8 +330,8 @@ func (h *history) firstAfter(l lsn.LSN, strict bool) (int64, bool) {
 }
 
 // observe records that n had replayed p at time t and updates its lag.
-func (t *topology) observe(n *node, p lsn.LSN, at int64) {
-	n.sawReplay(p)
+func (t *topology) observe(n *node, inst uint64, p lsn.LSN, at int64) {
+	n.sawReplay(p, inst)
 	if T, ok := t.hist.firstAfter(p, true); ok && at > T {
 		n.setLag(at-T, at)
 	} else {
@@ -311,8 +342,8 @@ func (t *topology) observe(n *node, p lsn.LSN, at int64) {
 // reached records that n was seen at or past target at time at (a wait
 // succeeded). The lag can only have been as long as the time since the
 // primary was first seen at target.
-func (t *topology) reached(n *node, target lsn.LSN, at int64) {
-	n.sawReplay(target)
+func (t *topology) reached(n *node, inst uint64, target lsn.LSN, at int64) {
+	n.sawReplay(target, inst)
 	if T, ok := t.hist.firstAfter(target, false); ok {
 		if ub := at - T; ub < n.lag.Load() {
 			n.setLag(max(ub, 0), at)

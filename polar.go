@@ -65,7 +65,7 @@ func (c *Connector) polarOutcome(b *backend, a *attempt, target lsn.LSN, notices
 		c.stats.waitTimeouts.Add(1)
 		return waitTimeout
 	case a.err == nil:
-		c.topo.reached(b.node, target, time.Now().UnixNano())
+		c.topo.reached(b.node, b.peer.Instance, target, time.Now().UnixNano())
 	}
 	return waitOK
 }

@@ -100,7 +100,7 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64, busy
 			cn.skip(n, FallbackPromoted)
 			continue
 		}
-		return b, !hopeless && wm > 0 && n.knownReplay() < wm, hopeless, nil
+		return b, !hopeless && wm > 0 && n.knownReplayOn(b) < wm, hopeless, nil
 	}
 }
 
@@ -212,7 +212,7 @@ func (a *attempt) read() {
 	}
 	set := a.cn.armSettings(a.b)
 	if w := a.b.wire; w != nil {
-		if a.trail && a.cn.c.cfg.ReadYourWrites && a.cn.c.trailPolls() {
+		if a.trail && a.cn.c.cfg.ReadYourWrites && a.cn.c.trailPolls() && !a.b.peer.TxPooled {
 			a.post = a.b.injectPrepared(&a.b.post, stmtPoll, sqlPoll)
 			w.AppendAfterExec(a.post)
 		}
@@ -258,7 +258,7 @@ func (cn *Conn) finishRead(ctx context.Context, b *backend, inj *wire.Injection,
 	if inj == nil {
 		switch {
 		case !trail || !cn.c.cfg.ReadYourWrites:
-		case !cn.c.trailPolls():
+		case !cn.c.trailPolls() && !b.peer.TxPooled:
 			cn.unbounded = b
 		case b.wire != nil:
 			cn.markLost(ctx, false)
@@ -325,7 +325,7 @@ func (cn *Conn) applyPoll(ctx context.Context, b *backend, inj *wire.Injection) 
 		cn.markLost(ctx, false)
 		return
 	}
-	cn.c.topo.observe(b.node, l, time.Now().UnixNano())
+	cn.c.topo.observe(b.node, b.peer.Instance, l, time.Now().UnixNano())
 	cn.sess.wm.Advance(l)
 }
 
@@ -389,6 +389,15 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 		if err != nil {
 			return false, nil, err
 		}
+		if b.peer.TxPooled && len(cn.sess.set.names) > 0 {
+			// Behind a transaction pooler a setting cannot be made to
+			// travel with the read (it would stay on whichever server
+			// connection took it, for other clients): the reads stay on
+			// the primary, as with pgx.
+			cn.sess.set.refused = cn.sess.set.version
+			cn.setPins(cn.pins|pinSettings, "session settings behind a transaction pooler")
+			return cn.toPrimary(), nil, nil
+		}
 		if u := cn.unbounded; u != nil && u != b {
 			// The connection's last replica read ran on another server
 			// connection, and no poll bounded what it saw: only a primary
@@ -414,7 +423,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			if wm, err = cn.watermark(ctx); err != nil {
 				return cn.positionLost(ctx)
 			}
-			check = wm > 0 && b.node.knownReplay() < wm
+			check = wm > 0 && b.node.knownReplayOn(b) < wm
 		}
 		att := attempt{ctx: ctx, cn: cn, b: b, op: op, trail: trail} // on the stack: see the trail case below
 		a := &att
@@ -610,8 +619,13 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 		}
 	}()
 	deadline := time.Now().Add(budget)
+	// Behind a transaction pooler a check goes in the read's flush only
+	// chained into it (WAIT FOR in front of an extended-protocol read); a
+	// poll, or a check in front of a simple-protocol read, is a round trip
+	// of its own before the read.
+	sep := b.peer.TxPooled && (method == WaitPoll || b.noChain)
 	for i := 0; ; i++ {
-		if i < pipelinedAttempts || serverWaits {
+		if !sep && (i < pipelinedAttempts || serverWaits) {
 			inj := cn.c.armCheck(b, method, *wm, max(time.Until(deadline), time.Millisecond))
 			notices := b.wire.Notices()
 			a.read()
@@ -622,6 +636,11 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 					return waitTimeout, fmt.Errorf("%w: %w", errPositionLost, err)
 				}
 				*wm = w
+			}
+			if b.peer.TxPooled && !inj.Sent() {
+				a.drop()
+				b.noChain, sep = true, true
+				continue
 			}
 			if a.unset {
 				return waitOK, nil

@@ -155,7 +155,10 @@ func (cn *Conn) armReadBack(cls *sqlclass.Result, idleBefore bool) (*wire.Inject
 		return nil, false
 	}
 	w := cn.primary
-	if w.wire == nil || !endsIdle(cls, idleBefore) {
+	if w.wire == nil || !endsIdle(cls, idleBefore) || w.peer.TxPooled {
+		// Unread: the connection's reads stay on the primary. Behind a
+		// transaction pooler that is where pgx would run them, with
+		// whatever session state the server connection they reach has.
 		return nil, true
 	}
 	inj := w.injectPrepared(&w.state, stmtState, sqlState, textArray(cn.sess.set.tracked, nil))
@@ -304,7 +307,7 @@ func (cn *Conn) resetState(ctx context.Context) error {
 	if w.wire == nil {
 		return nil
 	}
-	if cn.pins&(pinLock|pinPrepared|pinUnread) != 0 {
+	if cn.pins&(pinLock|pinPrepared|pinUnread) != 0 || w.peer.TxPooled {
 		if err := cn.checkPrimary(ctx); err != nil {
 			return err
 		}

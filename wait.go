@@ -217,7 +217,7 @@ func (c *Connector) waitForAnswer(b *backend, row []string, target lsn.LSN) (wai
 	}
 	switch row[0] {
 	case "success":
-		c.topo.reached(b.node, target, time.Now().UnixNano())
+		c.topo.reached(b.node, b.peer.Instance, target, time.Now().UnixNano())
 		return waitOK, nil
 	case "timeout":
 		return waitTimeout, nil
@@ -334,7 +334,7 @@ func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn
 	case !known:
 		return waitBehind, nil
 	}
-	c.topo.observe(b.node, l, time.Now().UnixNano())
+	c.topo.observe(b.node, b.peer.Instance, l, time.Now().UnixNano())
 	if l >= target {
 		return waitOK, nil
 	}
@@ -373,6 +373,7 @@ func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget t
 		// In front of pgx's extended-protocol read, without a Sync of
 		// its own: both answers come in one server flush.
 		inj.Chain = true
+		inj.MustChain = b.peer.TxPooled
 	default:
 		inj = b.injectPrepared(&b.pre, stmtPoll, sqlPoll)
 	}

@@ -48,6 +48,10 @@ type Config struct {
 	InHotStandby string
 	// Params are further ParameterStatus messages sent at startup.
 	Params map[string]string
+	// Pooled makes the server look like a pooler in front of one: the
+	// answer to pgryw's connection identity query (IdentityPrefix) names
+	// another backend process than the BackendKeyData of the startup.
+	Pooled bool
 	// Handler answers each batch. When nil, every batch gets
 	// Conn.Answer(b, nil): each statement an error.
 	Handler Handler
@@ -72,6 +76,7 @@ type Server struct {
 	accepted map[net.Conn]bool // every socket not yet closed, in startup or not
 	cancels  int
 	closed   bool
+	instance string // what the identity query reports (SetInstance)
 }
 
 // Start starts a fake server on 127.0.0.1 with a free port.
@@ -175,6 +180,15 @@ type Conn struct {
 	inHandler bool
 	done      chan struct{}
 	rbuf      []byte
+	instance  string // what the identity query told it
+}
+
+// Instance returns the server instance the connection's identity query was
+// told ("" when it sent none).
+func (c *Conn) Instance() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.instance
 }
 
 type portal struct {
@@ -322,6 +336,12 @@ func (s *Server) serve(nc net.Conn) {
 
 	for {
 		raw, err := c.readBatch()
+		if len(raw) > 0 && s.isIdentity(raw) {
+			if _, err := nc.Write(s.identity(c)); err != nil {
+				return
+			}
+			continue
+		}
 		if len(raw) > 0 {
 			msgs, stmts := decodeFrontend(raw)
 			c.mu.Lock()
@@ -365,6 +385,54 @@ func (s *Server) serve(nc net.Conn) {
 			return
 		}
 	}
+}
+
+// IdentityPrefix starts the query pgryw sends on each new server connection
+// to learn which backend and server instance it reached. The fake answers
+// it itself, without a batch: scripts see what comes after.
+const IdentityPrefix = "SELECT pg_catalog.pg_backend_pid()"
+
+// SetInstance changes the server instance the identity query reports (""
+// means "fake"): a stand-in for an address that starts leading to another
+// server.
+func (s *Server) SetInstance(inst string) {
+	s.mu.Lock()
+	s.instance = inst
+	s.mu.Unlock()
+}
+
+// isIdentity reports a batch that is exactly pgryw's identity query.
+func (s *Server) isIdentity(raw []byte) bool {
+	msgs, _ := decodeFrontend(raw)
+	if len(msgs) != 1 {
+		return false
+	}
+	q, ok := msgs[0].(*pgproto3.Query)
+	return ok && strings.HasPrefix(q.String, IdentityPrefix)
+}
+
+// identity answers the identity query on c: its backend PID (another one
+// with Config.Pooled), the instance and the port.
+func (s *Server) identity(c *Conn) []byte {
+	pid := 1000 + c.id
+	if s.cfg.Pooled {
+		pid += 50000
+	}
+	s.mu.Lock()
+	inst := s.instance
+	s.mu.Unlock()
+	if inst == "" {
+		inst = "fake"
+	}
+	c.mu.Lock()
+	c.instance = inst
+	c.mu.Unlock()
+	return Encode(
+		rowDescription([]Column{{Name: "pid", OID: 25}, {Name: "instance", OID: 25}, {Name: "port", OID: 25}}),
+		&pgproto3.DataRow{Values: [][]byte{[]byte(fmt.Sprint(pid)), []byte(inst), []byte(fmt.Sprint(s.Port()))}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+		&pgproto3.ReadyForQuery{TxStatus: c.TxStatus()},
+	)
 }
 
 // startup reads the startup packet, declining SSL and GSS encryption

@@ -52,6 +52,14 @@ type Injection struct {
 	// messages up to their Sync: pgx is then given the ErrorResponse as
 	// its own.
 	Chain bool
+	// MustChain: sent only chained. When pgx's write cannot take it so
+	// (a simple-protocol Query, say), it is not sent at all (Sent stays
+	// false) and the caller runs it on its own. For a server connection
+	// that can change at every ReadyForQuery that ends a transaction (a
+	// transaction pooler in between): a segment of its own would be
+	// answered on another connection than the one pgx's statement ends up
+	// on, or reach another client.
+	MustChain bool
 
 	chained bool // it went out so (set when sent)
 
@@ -145,9 +153,27 @@ type segment struct {
 	inj   *Injection
 }
 
+// Peer is what the opener of a connection learned of what it reached, set
+// while the connection is being opened (before any other use) and only
+// read after.
+type Peer struct {
+	// TxPooled: a pooler in between may give the connection's statements
+	// another server connection at the end of every transaction.
+	TxPooled bool
+	// Unnamed: pgryw's statements must not rely on statements prepared
+	// in an earlier flush (a pooler in between, in any mode).
+	Unnamed bool
+	// Instance names the server instance the connection reached (0:
+	// unknown, or not one instance for the connection's lifetime).
+	Instance uint64
+}
+
 // Conn wraps one server connection; see the package documentation.
 type Conn struct {
 	net.Conn
+
+	// Peer: see the type.
+	Peer Peer
 
 	mu           sync.Mutex
 	prefix       []*Injection // in the order they go out
@@ -162,6 +188,7 @@ type Conn struct {
 	reading      bool          // a Read or Await is on the socket
 	readDeadline time.Time     // pgx's read deadline, restored after an Await
 	waiter       chan struct{} // closed when that read returns, if someone waits
+	gaveUp       bool          // a Drain gave up: the connection is being closed with answers due
 
 	// Read-side framing state.
 	hdr      [5]byte
@@ -216,8 +243,13 @@ func (c *Conn) disarm() {
 // Conn then injects nothing.
 var ErrFraming = errors.New("wire: unexpected frontend message framing")
 
-// Write implements net.Conn.
+// Write implements net.Conn. pgx's Terminate goes out only once nothing
+// of pgryw's is due on the connection (Drain); when something still is,
+// it does not go out at all, and Close resets the connection.
 func (c *Conn) Write(b []byte) (int, error) {
+	if len(b) == 5 && b[0] == 'X' && !c.Drain(time.Now().Add(DrainWait)) {
+		return len(b), nil
+	}
 	buf, lead := b, 0
 	c.mu.Lock()
 	if len(c.prefix) > 0 || len(c.suffix) > 0 || len(c.queue) > 0 {
@@ -243,6 +275,9 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 	extended := len(b) > 0 && (b[0] == 'P' || b[0] == 'B') && syncs > 0 && !simple
 	for i, in := range c.prefix {
 		in.chained = in.Chain && in.Msgs == nil && extended && i == len(c.prefix)-1
+		if in.MustChain && !in.chained {
+			continue
+		}
 		buf = in.appendTo(buf)
 		in.sent = true
 		c.queue = append(c.queue, segment{strip: true, inj: in})
@@ -703,6 +738,80 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 			return err
 		}
 	}
+}
+
+// DrainWait bounds how long closing a connection waits for answers of
+// pgryw's still due on it (Drain).
+const DrainWait = 500 * time.Millisecond
+
+// Due reports whether an answer to one of pgryw's statements is still to
+// come on the connection.
+func (c *Conn) Due() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue) > 0
+}
+
+// Drain reads until no answer of pgryw's is due on the connection, or dl
+// passes, and reports whether none is. What it reads is thrown away: it is
+// for a connection about to be closed, whose server connection something
+// in between (a pooler) may hand to another client once it has seen the
+// last ReadyForQuery; an answer still in flight then would reach that
+// client as its own.
+func (c *Conn) Drain(dl time.Time) bool {
+	if c.abuf == nil {
+		c.abuf = make([]byte, 4096)
+	}
+	for {
+		c.mu.Lock()
+		if len(c.queue) == 0 {
+			c.pending = nil
+			c.mu.Unlock()
+			return true
+		}
+		if c.gaveUp || time.Now().After(dl) {
+			c.gaveUp = true
+			c.mu.Unlock()
+			return false
+		}
+		if c.reading {
+			if c.waiter == nil {
+				c.waiter = make(chan struct{})
+			}
+			w := c.waiter
+			c.mu.Unlock()
+			if waitFor(w, dl) != nil {
+				return false
+			}
+			continue
+		}
+		c.reading = true
+		c.mu.Unlock()
+		n, err := c.readBy(context.Background(), dl)
+		c.mu.Lock()
+		c.readReturned(c.abuf[:n])
+		c.pending = nil
+		c.mu.Unlock()
+		if err != nil {
+			c.mu.Lock()
+			c.gaveUp = c.gaveUp || len(c.queue) > 0
+			c.mu.Unlock()
+			return !c.Due()
+		}
+	}
+}
+
+// Close implements net.Conn. When an answer of pgryw's is still due (Drain
+// gave up, or pgx closed without a Terminate), the connection is reset
+// rather than closed in order, where the socket allows: whatever is in
+// between learns the server connection is not in a known state.
+func (c *Conn) Close() error {
+	if c.Due() && !c.Drain(time.Now().Add(DrainWait)) {
+		if tc, ok := c.Conn.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+	}
+	return c.Conn.Close()
 }
 
 // errAwaitTimeout: no deadline was given and pgryw's answer did not come

@@ -1,0 +1,310 @@
+package pgryw_test
+
+import (
+	"database/sql"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/pgryw/pgryw/internal/pgfake"
+)
+
+// Connections closed with pgryw's answers still due, and replicas whose
+// address starts leading to another server: what is known of a replica
+// belongs to the server instance that answered.
+
+// heldPollReplica is a fake standby that answers a read at once and holds
+// back the answer of the replay poll riding behind it (until release is
+// closed, or for good), as a busy server's second packet; it notes whether
+// that answer had gone out when the connection's Terminate came.
+type heldPollReplica struct {
+	protoReplica
+	release chan struct{}
+
+	mu         sync.Mutex
+	held       int  // poll answers held back
+	sent       int  // of those, sent
+	terminated bool // a Terminate arrived
+	termEarly  bool // it arrived while an answer was held
+}
+
+func (r *heldPollReplica) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
+	for _, m := range b.Msgs {
+		if _, ok := m.(*pgproto3.Terminate); ok {
+			r.mu.Lock()
+			r.terminated = true
+			r.termEarly = r.termEarly || r.sent < r.held
+			r.mu.Unlock()
+			return nil
+		}
+	}
+	out := r.protoReplica.handle(c, b)
+	if !executes(c, b, protoRead) || !executes(c, b, protoPoll) {
+		return out
+	}
+	for i, m := range out {
+		if _, ok := m.(*pgproto3.ReadyForQuery); ok && i < len(out)-1 {
+			rest := out[i+1:]
+			r.mu.Lock()
+			r.held++
+			r.mu.Unlock()
+			go func() {
+				<-r.release
+				c.Send(rest...)
+				r.mu.Lock()
+				r.sent++
+				r.mu.Unlock()
+			}()
+			return out[:i+1]
+		}
+	}
+	return out
+}
+
+// twoHeldReplicas starts a fake writer and two held-poll standbys (two
+// replicas: a poll rides behind every replica read) and opens a pool that
+// keeps no idle connection, as database/sql does under churn.
+func twoHeldReplicas(t *testing.T) (*sql.DB, []*heldPollReplica, []*pgfake.Server) {
+	t.Helper()
+	w := &protoWriter{lsn: protoLSN, value: "writer"}
+	writer, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "off", Handler: w.handle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { writer.Close() })
+	var rs []*heldPollReplica
+	var srvs []*pgfake.Server
+	var addrs []string
+	for i := 0; i < 2; i++ {
+		r := &heldPollReplica{protoReplica: protoReplica{replay: protoStart, status: "success"}, release: make(chan struct{})}
+		s, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: r.handle})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		rs, srvs, addrs = append(rs, r), append(srvs, s), append(addrs, s.Addr())
+	}
+	db, _ := openDSN(t, fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 replicas=%s",
+		writer.Host(), writer.Port(), strings.Join(addrs, ",")))
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(0)
+	return db, rs, srvs
+}
+
+// A read whose trailing poll is still unanswered when database/sql closes
+// its connection: the Terminate waits for the poll's answer, so nothing of
+// pgryw's is in flight when the server connection is let go (a pooler
+// would hand it, answer and all, to its next client).
+func TestProtocolCloseDrainsRideAlong(t *testing.T) {
+	db, rs, _ := twoHeldReplicas(t)
+	go func() {
+		time.Sleep(150 * time.Millisecond)
+		for _, r := range rs {
+			close(r.release)
+		}
+	}()
+	var v string
+	if err := db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "old" {
+		t.Fatalf("read: %q, %v", v, err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var held, terminated, early int
+		for _, r := range rs {
+			r.mu.Lock()
+			held += r.held
+			if r.terminated {
+				terminated++
+			}
+			if r.termEarly {
+				early++
+			}
+			r.mu.Unlock()
+		}
+		if early > 0 {
+			t.Fatal("the connection's Terminate came while pgryw's poll answer was still held back")
+		}
+		if held == 1 && terminated >= 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("held %d poll answers, %d Terminates", held, terminated)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// When the answer never comes, closing gives up after wire.DrainWait and
+// resets the connection instead of ending it in order: no Terminate, which
+// a pooler would take for a clean end.
+func TestProtocolCloseResetsWithAnswerDue(t *testing.T) {
+	db, rs, srvs := twoHeldReplicas(t)
+	var v string
+	start := time.Now()
+	if err := db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "old" {
+		t.Fatalf("read: %q, %v", v, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ended := 0
+		for _, s := range srvs {
+			for _, c := range s.Conns() {
+				if c.Closed() && slices.ContainsFunc(c.Batches(), func(b pgfake.Batch) bool { return executes(c, b, protoRead) }) {
+					ended++
+				}
+			}
+		}
+		if ended == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the connection with an answer due was not closed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, r := range rs {
+		r.mu.Lock()
+		if r.terminated {
+			t.Error("a Terminate was sent with pgryw's answer still due")
+		}
+		r.mu.Unlock()
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("closing took %v", d)
+	}
+}
+
+// instanceReplica is a fake standby address behind which each server
+// instance has replayed its own position: a connection reads the position
+// of the instance it reached when it was opened (pgfake.Conn.Instance).
+type instanceReplica struct {
+	mu  sync.Mutex
+	r   protoReplica
+	pos map[string]string
+}
+
+func (ir *instanceReplica) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
+	ir.mu.Lock()
+	defer ir.mu.Unlock()
+	if p, ok := ir.pos[c.Instance()]; ok {
+		ir.r.mu.Lock()
+		ir.r.replay = p
+		ir.r.mu.Unlock()
+	}
+	return ir.r.handle(c, b)
+}
+
+func (ir *instanceReplica) set(inst, pos string) {
+	ir.mu.Lock()
+	ir.pos[inst] = pos
+	ir.mu.Unlock()
+}
+
+// instanceCluster starts a fake writer and one fake standby address with
+// pgfake config cfg, and a pool on them with a short budget.
+func instanceCluster(t *testing.T, pooled bool) (*sql.DB, *instanceReplica, *pgfake.Server) {
+	t.Helper()
+	w := &protoWriter{lsn: protoLSN, value: "writer"}
+	writer, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "off", Handler: w.handle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { writer.Close() })
+	ir := &instanceReplica{r: protoReplica{replay: protoStart, status: "success"}, pos: map[string]string{}}
+	srv, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: ir.handle, Pooled: pooled})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	db, _ := openDSN(t, fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 wait_timeout=30ms replicas=%s",
+		writer.Host(), writer.Port(), srv.Addr()))
+	db.SetMaxOpenConns(1)
+	return db, ir, srv
+}
+
+func readOnce(t *testing.T, db *sql.DB, what string) string {
+	t.Helper()
+	var v string
+	if err := db.QueryRow(protoRead, 7).Scan(&v); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
+// An address that starts leading to another standby (a DNS name moved, a
+// TCP balancer's target changed) while connections to the old one stay
+// up: what the old one replayed, seen by the pool's read and by the
+// monitor's connection, says nothing of the new one, whose connections
+// check again. Without the instance binding the new connection's read
+// skipped its check and returned the row as it was before the write.
+func TestProtocolAddressLeadsToAnotherInstance(t *testing.T) {
+	db, ir, srv := instanceCluster(t, false)
+	ir.set("A", protoLSN)
+	srv.SetInstance("A")
+	if _, err := db.Exec(protoInsert, 1); err != nil {
+		t.Fatal(err)
+	}
+	if v := readOnce(t, db, "read on A"); v != "new" {
+		t.Fatalf("read on A: %q, want the write's row", v)
+	}
+	// B has not replayed the write; new connections reach B.
+	ir.set("B", protoBehind)
+	srv.SetInstance("B")
+	db.SetMaxIdleConns(0) // the pool's connection (and its replica connection to A) goes
+	db.SetMaxIdleConns(2)
+	if v := readOnce(t, db, "read on B"); v == "old" {
+		t.Fatal("the read on the other instance skipped its check and returned the row before the write")
+	}
+	if n := polls(srv, "B"); n == 0 {
+		t.Error("no check reached instance B")
+	}
+}
+
+// Behind a transaction pooler (the fake's identity answer names another
+// backend than its startup did) the server behind one client connection
+// can change at any transaction's end: its replay position may go down
+// while the connection stays up. Every replica read carries its check.
+func TestProtocolPooledReplicaChecksEveryRead(t *testing.T) {
+	db, ir, srv := instanceCluster(t, true)
+	ir.set("fake", protoLSN)
+	if _, err := db.Exec(protoInsert, 1); err != nil {
+		t.Fatal(err)
+	}
+	if v := readOnce(t, db, "first read"); v != "new" {
+		t.Fatalf("first read: %q, want the write's row", v)
+	}
+	ir.set("fake", protoBehind) // repointed: the same client connection now reaches a standby behind
+	if v := readOnce(t, db, "second read"); v == "old" {
+		t.Fatal("the second read skipped its check and returned the row before the write")
+	}
+	for _, c := range srv.Conns() {
+		for _, b := range c.Batches() {
+			for _, m := range b.Msgs {
+				if p, ok := m.(*pgproto3.Parse); ok && strings.HasPrefix(p.Name, "pgryw_") {
+					t.Errorf("a named statement of pgryw's behind a pooler: %q", p.Name)
+				}
+			}
+		}
+	}
+}
+
+// polls counts the replay polls that reached instance inst on connections
+// that ran a read (the pool's).
+func polls(srv *pgfake.Server, inst string) int {
+	n := 0
+	for _, c := range srv.Conns() {
+		if c.Instance() != inst {
+			continue
+		}
+		for _, b := range c.Batches() {
+			if executes(c, b, protoPoll) && !monitorPoll(b) {
+				n++
+			}
+		}
+	}
+	return n
+}
