@@ -6,13 +6,13 @@ GO ?= go
 # on FuzzLex in this repository). 200000 runs take 7-17 s a target here.
 FUZZTIME ?= 200000x
 
-.PHONY: pgrywsqlx test test-pg19-emulated test-pg18 test-docker unit vet generate generate-check dockertest redisstore otel prometheus fuzz fuzz-all difftest ormcheck demo bench postgres check-long
+.PHONY: pgrywsqlx test test-pg19-emulated test-pg18 test-pgbouncer pgbouncer test-docker unit vet generate generate-check dockertest redisstore otel prometheus fuzz fuzz-all difftest ormcheck demo bench postgres check-long
 
-test: postgres vet
+test: postgres pgbouncer vet
 	@./scripts/pg-version.sh "" "Debian's server: every test, with -race"
 	$(GO) test -race -count=1 ./...
 	$(MAKE) difftest ormcheck pgrywsqlx dockertest redisstore otel prometheus fuzz generate-check
-	$(MAKE) test-pg19-emulated test-pg18
+	$(MAKE) test-pg19-emulated test-pg18 test-pgbouncer
 
 # The generated classifier table matches what the server says.
 generate-check: generate
@@ -47,13 +47,37 @@ test-docker:
 			$(GO) test -count=1 $(SERVER_TESTS) . || exit 1; \
 	done
 
+# (The pooler tests, which say nothing of the server's version, run in the
+# other two server runs.)
 test-pg18: postgres
 	@bindir=$$(./scripts/ensure-pg18.sh) && \
 	./scripts/pg-version.sh "$$bindir" "integration suite (standbys copied from a stopped primary)" && \
-	PGRYW_PG_BINDIR=$$bindir PGRYW_EXPECT_MAJOR=18 $(GO) test -count=1 $(SERVER_TESTS) .
+	PGRYW_PG_BINDIR=$$bindir PGRYW_EXPECT_MAJOR=18 $(GO) test -count=1 $(SERVER_TESTS) -skip '^TestIntegrationPooler' .
 
 postgres:
 	@./scripts/ensure-postgres.sh
+
+pgbouncer:
+	@./scripts/ensure-pgbouncer.sh
+
+# Through PgBouncer (Debian's package, 1.18 on Debian 12), one per node on
+# loopback (PGRYW_PGBOUNCER): the read-your-writes, transaction, watermark
+# and token tests, the history checker and the ORM check, in transaction
+# mode (pgx in simple_protocol mode) and in session mode; the transparency
+# checker in session mode with every server connection used by one client
+# only (PGRYW_PGBOUNCER_FRESH=1: what one client leaves in a session, a
+# placeholder setting DISCARD ALL keeps, would make pgx's own answers depend
+# on which server connection it got). The churn and repoint tests
+# (TestIntegrationPooler*) start bouncers of their own in every server run.
+POOLER_TESTS = -run '^(TestIntegration(ReadYourWrites|ShortBudgetReadsPrimary|OnTimeoutError|OffIsStale|TransactionsAndSessions|CommitThenFailMovesWatermark|CancelledAfterCommitMovesWatermark|RunOnPrimaryMovesWatermark|MonotonicReads|MonotonicAcrossNodes|ReadsDoNotRaisePoolWatermark|ExecBlockSemantics|OwnSchemaChange|DeferredCaptureSeenElsewhere|SessionTokenAcrossPools)|TestHistory)$$'
+test-pgbouncer: postgres pgbouncer
+	@for m in transaction session; do \
+		echo "== PgBouncer $$(pgbouncer --version | head -1 | cut -d' ' -f2), $$m mode: integration subset, history checker, ORM check"; \
+		PGRYW_PGBOUNCER=$$m PGRYW_HISTORY_OPS=8000 $(GO) test -count=1 $(POOLER_TESTS) . || exit 1; \
+		(cd internal/ormcheck && PGRYW_PGBOUNCER=$$m $(GO) test -count=1 ./...) || exit 1; \
+	done
+	@echo "== PgBouncer, session mode, one client per server connection: transparency checker"
+	PGRYW_PGBOUNCER=session PGRYW_PGBOUNCER_FRESH=1 $(GO) test -count=1 -run '^TestTransparency$$' .
 
 # Regenerates internal/sqlclass/builtin_gen.go (keywords and read-only
 # built-in functions) from a server the harness starts.

@@ -127,6 +127,7 @@ type histPool struct {
 }
 
 type histRun struct {
+	repoints atomic.Int64 // bouncer repoints (PGRYW_PGBOUNCER)
 	t        *testing.T
 	seed     int64
 	t0       int64
@@ -406,8 +407,31 @@ func (h *histRun) faultLoop(rng *rand.Rand, stop <-chan struct{}) {
 		}
 	}
 	dur := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
+	// Through bouncers (PGRYW_PGBOUNCER), one of them is sometimes
+	// repointed at the other standby for a while, as an operator's RELOAD:
+	// the address pgryw knows as replica i then leads to replica j.
+	bouncers := cluster.Bouncers()
+	var targets []string
+	for _, b := range bouncers {
+		targets = append(targets, b.Target())
+	}
 	for sleep(dur(100, 600)) {
 		i := rng.IntN(len(cluster.Replicas))
+		if len(bouncers) > len(cluster.Replicas) && len(cluster.Replicas) > 1 && rng.IntN(100) < 12 {
+			j := (i + 1) % len(cluster.Replicas)
+			d := dur(200, 1500)
+			h.event("repoint replica%d's bouncer at replica%d for %v", i, j, d)
+			h.repoints.Add(1)
+			if err := bouncers[i+1].Repoint(targets[j+1]); err != nil {
+				h.event("repoint: %v", err)
+			}
+			sleep(d)
+			if err := bouncers[i+1].Repoint(targets[i+1]); err != nil {
+				h.event("repoint back: %v", err)
+			}
+			h.event("repointed replica%d's bouncer back", i)
+			continue
+		}
 		switch x := rng.IntN(100); {
 		case x < 18:
 			d := dur(200, 1500)
@@ -1646,6 +1670,9 @@ func (h *histRun) summary(all []*histOp, elapsed time.Duration) {
 		outs[outOK], outs[outFail], outs[outCommitErr], outs[outIndet],
 		h.nw.Fired(faultnet.CutWrite), h.nw.Fired(faultnet.CutRead), h.nw.Fired(faultnet.Reset), h.nw.Fired(faultnet.Stall), nev)
 	h.t.Logf("history: ops by kind: %s", strings.Join(ks, " "))
+	if n := h.repoints.Load(); n > 0 {
+		h.t.Logf("history: %d bouncer repoints", n)
+	}
 	for _, p := range h.pools {
 		h.t.Logf("history: pool session_scope=%s stats %+v", p.scope, p.c.Stats())
 	}

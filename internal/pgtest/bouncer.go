@@ -27,8 +27,12 @@ var ErrNoBouncer = errors.New("pgtest: pgbouncer not found (apt-get install -y p
 
 // BouncerEnv names the environment variable that, set to "transaction" or
 // "session", has Start put a PgBouncer in that pool mode in front of every
-// node (Options.Bouncer).
-const BouncerEnv = "PGRYW_PGBOUNCER"
+// node (Options.Bouncer); BouncerFreshEnv set to "1" has those bouncers use
+// every server connection for one client only (BouncerOptions.FreshServers).
+const (
+	BouncerEnv      = "PGRYW_PGBOUNCER"
+	BouncerFreshEnv = "PGRYW_PGBOUNCER_FRESH"
+)
 
 // BouncerOptions configures StartBouncer.
 type BouncerOptions struct {
@@ -40,6 +44,12 @@ type BouncerOptions struct {
 	// PoolSize is default_pool_size, the server connections per database
 	// and user (0: 4).
 	PoolSize int
+	// FreshServers has every server connection used by one client only,
+	// then closed (server_lifetime = 0): nothing a client left in a
+	// session (a custom setting's placeholder survives DISCARD ALL) reaches
+	// the next. For comparing two drivers through bouncers, whose answers
+	// must not depend on which server connection each got.
+	FreshServers bool
 	// Users are the roles clients log in as (auth_type trust still wants
 	// them listed); postgres is always there.
 	Users []string
@@ -53,10 +63,45 @@ type Bouncer struct {
 	as   runAs
 	bin  string
 
-	mu     sync.Mutex
-	target string
-	cmd    *exec.Cmd
-	exited chan struct{}
+	mu      sync.Mutex
+	target  string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	closing bool
+	crashes []string
+}
+
+// Crashes returns the last log line of each time pgbouncer exited on its
+// own and was started again. PgBouncer 1.18 (Debian 12's) exits with
+// "FATAL … disconnect_client(): bad client state: 0" when a cancel
+// request's client disconnects before the cancel went out
+// (pgbouncer/pgbouncer#801, fixed in a later release); a supervisor
+// would restart it, and so does the harness, on the same port.
+func (b *Bouncer) Crashes() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.crashes...)
+}
+
+// supervise waits for pgbouncer to exit and, unless Close stopped it,
+// starts it again.
+func (b *Bouncer) supervise(cmd *exec.Cmd, exited chan struct{}) {
+	<-exited
+	b.mu.Lock()
+	if b.closing || b.cmd != cmd {
+		b.mu.Unlock()
+		return
+	}
+	b.cmd = nil
+	lines := strings.Split(strings.TrimSpace(b.Log()), "\n")
+	b.crashes = append(b.crashes, lines[len(lines)-1])
+	b.mu.Unlock()
+	for try := 0; try < 20; try++ {
+		if b.start(context.Background()) == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // findBouncer returns the pgbouncer binary's path.
@@ -154,7 +199,7 @@ func (b *Bouncer) Log() string {
 func (b *Bouncer) Close() error {
 	b.mu.Lock()
 	cmd, exited := b.cmd, b.exited
-	b.cmd = nil
+	b.cmd, b.closing = nil, true
 	b.mu.Unlock()
 	if cmd != nil {
 		cmd.Process.Signal(syscall.SIGINT)
@@ -196,8 +241,9 @@ func (b *Bouncer) writeConfig() error {
 		"max_client_conn = 2000",
 		"max_db_connections = 0",
 		// Parameters drivers send at startup that PgBouncer would refuse.
-		"ignore_startup_parameters = extra_float_digits,statement_timeout,search_path,options",
+		"ignore_startup_parameters = extra_float_digits,statement_timeout,search_path,options,idle_in_transaction_session_timeout,lock_timeout,default_transaction_isolation",
 		"server_login_retry = 1",
+		fmt.Sprintf("server_lifetime = %d", map[bool]int{false: 3600, true: 0}[b.opts.FreshServers]),
 		"logfile = " + filepath.Join(b.dir, "pgbouncer.log"),
 		"pidfile = " + filepath.Join(b.dir, "pgbouncer.pid"),
 		"log_connections = 0",
@@ -245,6 +291,11 @@ func (b *Bouncer) start(ctx context.Context) error {
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	b.mu.Lock()
+	if b.closing {
+		b.mu.Unlock()
+		cmd.Process.Kill()
+		return errors.New("pgtest: pgbouncer closed while starting")
+	}
 	b.cmd, b.exited = cmd, exited
 	b.mu.Unlock()
 	deadline := time.Now().Add(20 * time.Second)
@@ -258,19 +309,32 @@ func (b *Bouncer) start(ctx context.Context) error {
 			return fmt.Errorf("pgtest: pgbouncer exited during startup: %s%s%s", cmd.ProcessState,
 				logTail(filepath.Join(b.dir, "stderr.log")), logTail(filepath.Join(b.dir, "pgbouncer.log")))
 		case <-ctx.Done():
-			b.Close()
+			b.stopStarting(cmd, exited)
 			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 		err := probeBouncer(ctx, node)
 		if err == nil {
+			go b.supervise(cmd, exited)
 			return nil
 		}
 		if time.Now().After(deadline) {
-			b.Close()
+			b.stopStarting(cmd, exited)
 			return fmt.Errorf("pgtest: pgbouncer not serving after 20s: %w%s", err, logTail(filepath.Join(b.dir, "pgbouncer.log")))
 		}
 	}
+}
+
+// stopStarting kills a pgbouncer that did not come up, leaving the
+// bouncer's files for another try.
+func (b *Bouncer) stopStarting(cmd *exec.Cmd, exited chan struct{}) {
+	b.mu.Lock()
+	if b.cmd == cmd {
+		b.cmd = nil
+	}
+	b.mu.Unlock()
+	cmd.Process.Kill()
+	<-exited
 }
 
 // probeBouncer runs one query through a bouncer, in the simple protocol:
@@ -319,7 +383,8 @@ const bouncerPoolSize = 40
 func (c *Cluster) startBouncers(ctx context.Context, mode string) error {
 	targets := append([]string{c.Writer.Addr()}, c.ReplicaAddrs()...)
 	for _, t := range targets {
-		b, err := StartBouncer(ctx, BouncerOptions{Target: t, Mode: mode, PoolSize: bouncerPoolSize})
+		b, err := StartBouncer(ctx, BouncerOptions{Target: t, Mode: mode, PoolSize: bouncerPoolSize,
+			FreshServers: os.Getenv(BouncerFreshEnv) == "1"})
 		if err != nil {
 			return err
 		}

@@ -92,7 +92,13 @@ func Main(m *testing.M, opts Options, set func(*Cluster)) int {
 	}()
 
 	set(c)
-	return m.Run()
+	code := m.Run()
+	for _, b := range c.Bouncers() {
+		if cr := b.Crashes(); len(cr) > 0 {
+			fmt.Fprintf(os.Stderr, "pgtest: pgbouncer at %s exited on its own %d times and was started again; last log line: %s\n", b.Addr(), len(cr), cr[len(cr)-1])
+		}
+	}
+	return code
 }
 
 // Require skips the test when c is nil, i.e. when Main found no server.
