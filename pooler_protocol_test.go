@@ -308,3 +308,72 @@ func polls(srv *pgfake.Server, inst string) int {
 	}
 	return n
 }
+
+// With pooler=session (a pooler that keeps one server connection per
+// client, and may rewrite named statements: PgBouncer ≥ 1.21 with
+// max_prepared_statements) pgryw's session-state read-back, riding behind
+// DEALLOCATE ALL and a SET, is an unnamed statement parsed in the same
+// flush: nothing of it depends on a name prepared earlier, which the
+// pooler may have dropped or renamed.
+func TestProtocolSessionPoolerReadBackUnnamed(t *testing.T) {
+	handle := func(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
+		return c.Answer(b, func(q pgfake.Query) pgfake.Result {
+			switch {
+			case strings.HasPrefix(q.SQL, "SET "), strings.HasPrefix(q.SQL, "DEALLOCATE"):
+				return pgfake.Result{Tag: strings.Fields(q.SQL)[0]}
+			case strings.Contains(q.SQL, "pg_listening_channels"):
+				return pgfake.Result{Cols: []pgfake.Column{{Name: "a", OID: 20}, {Name: "b", OID: 20}, {Name: "c", OID: 20}, {Name: "d", OID: 20}, {Name: "e", OID: 20}, {Name: "f", OID: 25}},
+					Rows: [][][]byte{{[]byte("0"), []byte("0"), []byte("0"), []byte("0"), []byte("0"), []byte(`[["search_path","public"]]`)}}}
+			}
+			return pgfake.Result{Err: pgfake.Error("42601", "unexpected "+q.SQL)}
+		})
+	}
+	writer, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "off", Handler: handle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { writer.Close() })
+	r := &protoReplica{replay: protoStart, status: "success"}
+	replica, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: r.handle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { replica.Close() })
+	db, _ := openDSN(t, fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 pooler=session replicas=%s",
+		writer.Host(), writer.Port(), replica.Addr()))
+	db.SetMaxOpenConns(1)
+	for _, q := range []string{"DEALLOCATE ALL", "SET search_path = public", "SET search_path = public"} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	readBacks := 0
+	for _, c := range writer.Conns() {
+		for _, b := range c.Batches() {
+			var parsed, bound bool
+			for _, m := range b.Msgs {
+				switch m := m.(type) {
+				case *pgproto3.Parse:
+					if strings.Contains(m.Query, "pg_listening_channels") {
+						parsed = true
+						readBacks++
+						if m.Name != "" {
+							t.Errorf("read-back prepared as %q behind a pooler", m.Name)
+						}
+					}
+				case *pgproto3.Bind:
+					if parsed && m.PreparedStatement != "" {
+						t.Errorf("read-back bound to %q behind a pooler", m.PreparedStatement)
+					}
+					bound = bound || parsed
+				}
+			}
+			if parsed && !bound {
+				t.Errorf("read-back parsed without its Bind in the same flush: %v", pgfake.Summary(b, c.Label("pgryw_")))
+			}
+		}
+	}
+	if readBacks < 2 {
+		t.Errorf("%d read-backs, want one behind each SET", readBacks)
+	}
+}

@@ -392,3 +392,27 @@ func (c *Cluster) startBouncers(ctx context.Context, mode string) error {
 	}
 	return nil
 }
+
+// BouncerTrouble returns the log lines, of the cluster's bouncers and
+// servers, that say an answer reached a server connection no client was
+// linked to (it would go to the next client) or that one of pgryw's
+// statement names met a server connection other than its own: what a
+// client must never cause behind a pooler. Empty without bouncers.
+func (c *Cluster) BouncerTrouble() []string {
+	if len(c.bouncers) == 0 {
+		return nil
+	}
+	logs := c.ServerLogs()
+	for _, b := range c.bouncers {
+		logs = append(logs, b.Log())
+	}
+	var out []string
+	for _, l := range logs {
+		for _, line := range strings.Split(l, "\n") {
+			if strings.Contains(line, "when not linked") || strings.Contains(line, `prepared statement "pgryw_`) {
+				out = append(out, line)
+			}
+		}
+	}
+	return out
+}

@@ -98,6 +98,10 @@ func Main(m *testing.M, opts Options, set func(*Cluster)) int {
 			fmt.Fprintf(os.Stderr, "pgtest: pgbouncer at %s exited on its own %d times and was started again; last log line: %s\n", b.Addr(), len(cr), cr[len(cr)-1])
 		}
 	}
+	if lines := c.BouncerTrouble(); len(lines) > 0 {
+		fmt.Fprintf(os.Stderr, "pgtest: through the bouncers, %d log lines of answers that reached no client or statement names of pgryw's that met another server connection; first: %s\n", len(lines), lines[0])
+		code = 1
+	}
 	return code
 }
 
