@@ -63,7 +63,7 @@ pgbouncer:
 # Through PgBouncer (Debian's package, 1.18 on Debian 12), one per node on
 # loopback (PGRYW_PGBOUNCER): the read-your-writes, transaction, watermark
 # and token tests, the history checker and the ORM check, in transaction
-# mode (pgx in simple_protocol mode) and in session mode; the transparency
+# mode (pgx in exec mode) and in session mode; the transparency
 # checker in session mode with every server connection used by one client
 # only (PGRYW_PGBOUNCER_FRESH=1: what one client leaves in a session, a
 # placeholder setting DISCARD ALL keeps, would make pgx's own answers depend

@@ -113,7 +113,7 @@ func TestPickReplica(t *testing.T) {
 		t := &topology{}
 		for i, r := range replays {
 			n := &node{index: i, addr: string(rune('a' + i))}
-			n.replay.Store(uint64(r))
+			n.replay.update(lsn.LSN(uint64(r)), 0, true)
 			t.replicas = append(t.replicas, n)
 		}
 		return t

@@ -90,8 +90,9 @@ func newBackend(dc driver.Conn, n *node) *backend {
 		b.wire, _ = b.pg.Conn().(*wire.Conn)
 		if b.wire != nil {
 			b.peer = b.wire.Peer
-			if n.pooledSeen.Load() {
-				b.peer = wire.Peer{TxPooled: true, Unnamed: true}
+			if b.peer.Auto && !b.peer.TxPooled && n.pooledSeen.Load() {
+				b.peer = wire.Peer{TxPooled: true, Unnamed: true, Auto: true}
+				b.wire.SetTxPooled()
 			}
 		}
 		if b.wire != nil && n.index < 0 {
@@ -463,8 +464,9 @@ func (b *backend) injectionFailed(name string, err error) {
 	}
 	switch pgErr.Code {
 	case sqlstateNoSuchStatement, sqlstateDuplicateStatement:
-		if name != "" && b.prepared[name] {
-			b.peer = wire.Peer{TxPooled: true, Unnamed: true}
+		if name != "" && b.prepared[name] && b.peer.Auto {
+			b.peer = wire.Peer{TxPooled: true, Unnamed: true, Auto: true}
+			b.wire.SetTxPooled()
 			b.node.pooledSeen.Store(true)
 		}
 	}

@@ -193,19 +193,33 @@ func (c *Connector) wireUp(cc *pgx.ConnConfig) {
 
 // sqlIdentity names the backend and the server instance a new connection
 // reached: a backend process ID other than the BackendKeyData's means a
-// pooler in between; the postmaster's start time and port tell one server
-// instance from another behind the same address.
-const sqlIdentity = "SELECT pg_catalog.pg_backend_pid(), pg_catalog.pg_postmaster_start_time()::text, COALESCE(pg_catalog.inet_server_port(), 0)"
+// pooler in between; the postmaster's start time (as a number: text would
+// follow the session's TimeZone) and port tell one server instance from
+// another behind the same address. A role that may not call
+// pg_postmaster_start_time gets NULL there: no instance.
+const sqlIdentity = "SELECT pg_catalog.pg_backend_pid(), CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_postmaster_start_time()', 'EXECUTE')" +
+	" THEN pg_catalog.date_part('epoch', pg_catalog.pg_postmaster_start_time())::text END, COALESCE(pg_catalog.inet_server_port(), 0)"
 
 // identify sets w.Peer for a connection just opened, by c's pooler
 // setting: with auto and session, from sqlIdentity's answer (one round
-// trip).
+// trip). A server error (a standby refusing a default of SERIALIZABLE,
+// say) leaves the connection as it is, with nothing known: no instance
+// (so nothing known of the node spares its reads a check), and with auto
+// taken to be behind a transaction pooler, which is safe whatever is
+// there; the error comes again with the application's statement, where
+// pgryw handles it.
 func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Conn) error {
+	auto := c.cfg.Pooler == PoolerAuto
 	if c.cfg.Pooler == PoolerTransaction {
 		w.Peer = wire.Peer{TxPooled: true, Unnamed: true}
 		return nil
 	}
 	res, err := pc.Exec(ctx, sqlIdentity).ReadAll()
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		w.Peer = wire.Peer{TxPooled: auto, Unnamed: true, Auto: auto}
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("pgryw: reading which server the connection reached: %w", err)
 	}
@@ -214,15 +228,18 @@ func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Con
 	}
 	row := res[0].Rows[0]
 	pid, _ := strconv.ParseUint(string(row[0]), 10, 32)
-	if c.cfg.Pooler == PoolerAuto && uint32(pid) != pc.PID() {
-		w.Peer = wire.Peer{TxPooled: true, Unnamed: true}
+	if auto && uint32(pid) != pc.PID() {
+		w.Peer = wire.Peer{TxPooled: true, Unnamed: true, Auto: true}
 		return nil
 	}
-	h := fnv.New64a()
-	h.Write(row[1])
-	h.Write([]byte{0})
-	h.Write(row[2])
-	w.Peer = wire.Peer{Unnamed: c.cfg.Pooler == PoolerSession, Instance: h.Sum64() | 1}
+	w.Peer = wire.Peer{Unnamed: c.cfg.Pooler == PoolerSession, Auto: auto}
+	if row[1] != nil {
+		h := fnv.New64a()
+		h.Write(row[1])
+		h.Write([]byte{0})
+		h.Write(row[2])
+		w.Peer.Instance = h.Sum64() | 1
+	}
 	return nil
 }
 

@@ -209,12 +209,12 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 	}
 	r, err := parseRecovery(row, null)
 	l, known := r.replay, r.known
-	if err == nil && r.inRecovery && known && l < n.knownReplay() && n.replayInst.Load() == b.peer.Instance {
+	if cur, inst := n.replay.load(); err == nil && r.inRecovery && known && l < cur && inst == b.peer.Instance {
 		// Within one standby's history replay only moves forward; a lower
 		// position means the node was restarted, rebuilt or changed
 		// timeline, and what we knew of it no longer holds. Forgotten
 		// before the node is back in reads.
-		n.replay.Store(uint64(l))
+		n.replay.update(l, inst, true)
 	}
 	n.probeAnswered()
 	n.downUntil.Store(0)

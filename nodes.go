@@ -1,6 +1,7 @@
 package pgryw
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,12 +22,9 @@ type node struct {
 	// while it is a standby (and perhaps never listed in replicas).
 	candidate bool
 
-	replay atomic.Uint64 // highest replay LSN seen on this node's server instance replayInst
-	// replayInst is the server instance (wire.Peer.Instance) replay was
-	// seen on; 0: none known (pooler=none, or a pooler in between). What
-	// one instance replayed says nothing of another behind the same
-	// address (a pooler repointed, a DNS name moved).
-	replayInst atomic.Uint64
+	// replay is the highest replay position seen on one server instance
+	// of this node's address, and that instance.
+	replay replaySeen
 	// pooledSeen: a connection to the node met a server connection other
 	// than its own between flushes (its prepared statement gone, or
 	// someone else's there): new connections are treated as behind a
@@ -95,39 +93,73 @@ func probeBackoff(k int32) time.Duration {
 	return min(d, probeBackoffMax)
 }
 
+// replaySeen is a replay position and the server instance
+// (wire.Peer.Instance; 0: none known, as with pooler=none) that reported
+// it, read together without a lock (a sequence lock: writers take mu and
+// make seq odd while they write). What one instance replayed says nothing
+// of another behind the same address (a pooler repointed, a DNS name
+// moved).
+type replaySeen struct {
+	mu   sync.Mutex
+	seq  atomic.Uint64
+	inst atomic.Uint64
+	pos  atomic.Uint64
+}
+
+// load returns the position and its instance, as one.
+func (r *replaySeen) load() (lsn.LSN, uint64) {
+	for {
+		s := r.seq.Load()
+		if s&1 == 0 {
+			p, i := r.pos.Load(), r.inst.Load()
+			if r.seq.Load() == s {
+				return lsn.LSN(p), i
+			}
+		}
+		runtime.Gosched()
+	}
+}
+
+// update records position l of instance inst: the highest of that
+// instance's (or exactly l, with lower), replacing another instance's.
+func (r *replaySeen) update(l lsn.LSN, inst uint64, lower bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inst.Load() == inst && uint64(l) <= r.pos.Load() && !lower {
+		return
+	}
+	r.seq.Add(1)
+	r.inst.Store(inst)
+	r.pos.Store(uint64(l))
+	r.seq.Add(1)
+}
+
 // knownReplay returns the highest replay position seen on n: for choosing
 // among replicas and for the lag, not for skipping a connection's check
 // (knownReplayOn).
-func (n *node) knownReplay() lsn.LSN { return lsn.LSN(n.replay.Load()) }
+func (n *node) knownReplay() lsn.LSN {
+	p, _ := n.replay.load()
+	return p
+}
 
 // knownReplayOn returns what n is known to have replayed on the server
 // that b's reads reach: nothing when that server may change under b (a
 // transaction pooler) or is another instance than the one seen.
 func (n *node) knownReplayOn(b *backend) lsn.LSN {
-	if b.peer.TxPooled || n.replayInst.Load() != b.peer.Instance {
+	if b.peer.TxPooled {
 		return 0
 	}
-	return n.knownReplay()
+	p, inst := n.replay.load()
+	if inst != b.peer.Instance {
+		return 0
+	}
+	return p
 }
 
 // sawReplay records a replay position reported by n's server instance
 // inst: a position of another instance than the last one replaces what
 // was known.
-func (n *node) sawReplay(l lsn.LSN, inst uint64) {
-	for {
-		cur, was := n.replay.Load(), n.replayInst.Load()
-		if was != inst {
-			if n.replayInst.CompareAndSwap(was, inst) {
-				n.replay.Store(uint64(l))
-				return
-			}
-			continue
-		}
-		if uint64(l) <= cur || n.replay.CompareAndSwap(cur, uint64(l)) {
-			return
-		}
-	}
-}
+func (n *node) sawReplay(l lsn.LSN, inst uint64) { n.replay.update(l, inst, false) }
 
 func (n *node) usable(now int64) bool {
 	return !n.notStandby.Load() && !n.foreign.Load() && !n.down.Load() && n.downUntil.Load() <= now

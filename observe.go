@@ -306,6 +306,8 @@ func waitOutcome(res waitResult, err error) string {
 		return "caught up"
 	case res == waitNotStandby:
 		return "not a standby"
+	case res == waitCannot || res == waitUnchecked:
+		return "could not wait"
 	}
 	return "timed out"
 }

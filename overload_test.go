@@ -155,20 +155,20 @@ func TestLagBoundAllows(t *testing.T) {
 		{4000, true},  // caught up with the latest sample
 		{9000, true},
 	} {
-		n.replay.Store(uint64(c.replay))
+		n.replay.update(lsn.LSN(uint64(c.replay)), 0, true)
 		if got := d.allows(n, now); got != c.want {
 			t.Errorf("duration bound, replay %d: allows = %v", c.replay, got)
 		}
 	}
 	// Staleness grows while nothing new is learnt.
-	n.replay.Store(3000)
+	n.replay.update(lsn.LSN(3000), 0, true)
 	if d.allows(n, now+2*sec) {
 		t.Error("allowed 2s later without news")
 	}
 
 	var b lagBound
 	b.init(ReplicaLag{Bytes: 1024})
-	n.replay.Store(4000)
+	n.replay.update(lsn.LSN(4000), 0, true)
 	if b.allows(n, now) {
 		t.Fatal("allowed with no sample of the primary")
 	}
@@ -177,12 +177,12 @@ func TestLagBoundAllows(t *testing.T) {
 		replay lsn.LSN
 		want   bool
 	}{{3976, true}, {3975, false}, {6000, true}, {0, false}} {
-		n.replay.Store(uint64(c.replay))
+		n.replay.update(lsn.LSN(uint64(c.replay)), 0, true)
 		if got := b.allows(n, now); got != c.want {
 			t.Errorf("byte bound, replay %d: allows = %v", c.replay, got)
 		}
 	}
-	n.replay.Store(5000)
+	n.replay.update(lsn.LSN(5000), 0, true)
 	if b.allows(n, now+2*lagFresh) {
 		t.Error("allowed on a sample older than lagFresh")
 	}
@@ -196,7 +196,7 @@ func TestPickLagBound(t *testing.T) {
 	topo.lag.init(ReplicaLag{Duration: time.Second})
 	for i, r := range []lsn.LSN{100, 300, 200} {
 		n := &node{index: i}
-		n.replay.Store(uint64(r))
+		n.replay.update(lsn.LSN(uint64(r)), 0, true)
 		topo.replicas = append(topo.replicas, n)
 	}
 	topo.lag.samples.add(150, now-10*int64(time.Second))
@@ -432,7 +432,7 @@ func BenchmarkPickMaxReplicaLag(b *testing.B) {
 		now := time.Now().UnixNano()
 		for i := 0; i < 3; i++ {
 			n := &node{index: i}
-			n.replay.Store(uint64(0x3000000 + i*16))
+			n.replay.update(lsn.LSN(uint64(0x3000000+i*16)), 0, true)
 			t.replicas = append(t.replicas, n)
 		}
 		for i := int64(0); i < sampleRing; i++ {

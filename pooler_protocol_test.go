@@ -3,7 +3,6 @@ package pgryw_test
 import (
 	"database/sql"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/pgryw/pgryw/internal/pgfake"
+	"github.com/pgryw/pgryw/internal/wire"
 )
 
 // Connections closed with pgryw's answers still due, and replicas whose
@@ -26,19 +26,24 @@ type heldPollReplica struct {
 	release chan struct{}
 
 	mu         sync.Mutex
-	held       int  // poll answers held back
-	sent       int  // of those, sent
-	terminated bool // a Terminate arrived
-	termEarly  bool // it arrived while an answer was held
+	heldOn     map[int]bool // connections a poll answer was held back on
+	held       int          // poll answers held back
+	sent       int          // of those, sent
+	terminated bool         // a Terminate arrived
+	termAt     time.Time    // when
+	termEarly  bool         // it arrived while an answer was held
 }
 
 func (r *heldPollReplica) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
 	for _, m := range b.Msgs {
 		if _, ok := m.(*pgproto3.Terminate); ok {
 			r.mu.Lock()
-			r.terminated = true
+			defer r.mu.Unlock()
+			if !r.heldOn[c.ID()] {
+				return nil // another connection's (the monitor's, say)
+			}
+			r.terminated, r.termAt = true, time.Now()
 			r.termEarly = r.termEarly || r.sent < r.held
-			r.mu.Unlock()
 			return nil
 		}
 	}
@@ -51,6 +56,10 @@ func (r *heldPollReplica) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.Back
 			rest := out[i+1:]
 			r.mu.Lock()
 			r.held++
+			if r.heldOn == nil {
+				r.heldOn = map[int]bool{}
+			}
+			r.heldOn[c.ID()] = true
 			r.mu.Unlock()
 			go func() {
 				<-r.release
@@ -138,43 +147,36 @@ func TestProtocolCloseDrainsRideAlong(t *testing.T) {
 	}
 }
 
-// When the answer never comes, closing gives up after wire.DrainWait and
-// resets the connection instead of ending it in order: no Terminate, which
-// a pooler would take for a clean end.
-func TestProtocolCloseResetsWithAnswerDue(t *testing.T) {
-	db, rs, srvs := twoHeldReplicas(t)
+// When the answer never comes, closing waits wire.DrainWait for it, then
+// ends the connection anyway: a stalled server does not hold the caller.
+func TestProtocolCloseGivesUpAfterDrainWait(t *testing.T) {
+	db, rs, _ := twoHeldReplicas(t)
 	var v string
-	start := time.Now()
+	returned := time.Now() // (Scan closes the rows, and database/sql the connection, before it returns)
 	if err := db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "old" {
 		t.Fatalf("read: %q, %v", v, err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := returned.Add(5 * time.Second)
 	for {
-		ended := 0
-		for _, s := range srvs {
-			for _, c := range s.Conns() {
-				if c.Closed() && slices.ContainsFunc(c.Batches(), func(b pgfake.Batch) bool { return executes(c, b, protoRead) }) {
-					ended++
-				}
+		var terminated bool
+		var at time.Time
+		for _, r := range rs {
+			r.mu.Lock()
+			if r.terminated {
+				terminated, at = true, r.termAt
 			}
+			r.mu.Unlock()
 		}
-		if ended == 1 {
-			break
+		if terminated {
+			if d := at.Sub(returned); d < wire.DrainWait*8/10 || d > 3*time.Second {
+				t.Errorf("Terminate %v after the read began; want about %v", d, wire.DrainWait)
+			}
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the connection with an answer due was not closed")
+			t.Fatal("the connection with an answer due was never ended")
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-	for _, r := range rs {
-		r.mu.Lock()
-		if r.terminated {
-			t.Error("a Terminate was sent with pgryw's answer still due")
-		}
-		r.mu.Unlock()
-	}
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("closing took %v", d)
 	}
 }
 
@@ -281,14 +283,32 @@ func TestProtocolPooledReplicaChecksEveryRead(t *testing.T) {
 	if v := readOnce(t, db, "second read"); v == "old" {
 		t.Fatal("the second read skipped its check and returned the row before the write")
 	}
+	checks := 0
 	for _, c := range srv.Conns() {
 		for _, b := range c.Batches() {
+			syncs, poll := 0, false
 			for _, m := range b.Msgs {
-				if p, ok := m.(*pgproto3.Parse); ok && strings.HasPrefix(p.Name, "pgryw_") {
-					t.Errorf("a named statement of pgryw's behind a pooler: %q", p.Name)
+				switch m := m.(type) {
+				case *pgproto3.Parse:
+					if strings.HasPrefix(m.Name, "pgryw_") {
+						t.Errorf("a named statement of pgryw's behind a pooler: %q", m.Name)
+					}
+					poll = poll || m.Query == protoPoll
+				case *pgproto3.Sync:
+					syncs++
+				}
+			}
+			if poll {
+				checks++
+				if syncs != 1 {
+					t.Errorf("the check went with %d Syncs in its flush, want 1 (chained into the read's transaction): %v",
+						syncs, pgfake.Summary(b, c.Label("pgryw_")))
 				}
 			}
 		}
+	}
+	if checks < 2 {
+		t.Errorf("%d checks reached the replica, want one per read", checks)
 	}
 }
 

@@ -475,6 +475,10 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			a.drop()
 			busy = b.node
 			continue
+		case waitUnchecked:
+			a.drop()
+			cn.skip(b.node, FallbackCannotWait)
+			continue
 		case waitTimeout, waitBehind:
 			if perr := cn.behind(ctx, b.node, wm, ""); perr != nil {
 				a.drop()
@@ -619,13 +623,18 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 		}
 	}()
 	deadline := time.Now().Add(budget)
-	// Behind a transaction pooler a check goes in the read's flush only
-	// chained into it (WAIT FOR in front of an extended-protocol read); a
-	// poll, or a check in front of a simple-protocol read, is a round trip
-	// of its own before the read.
-	sep := b.peer.TxPooled && (method == WaitPoll || b.noChain)
+	// Behind a transaction pooler the check must run in the read's own
+	// implicit transaction, chained in front of its extended-protocol
+	// execution: a transaction of its own could reach another server
+	// connection, and after a repoint another server, than the read.
+	// Where it cannot (a simple-protocol read, PolarDB's SETs), the read
+	// is not checked on the replica at all.
+	pooled := b.peer.TxPooled
+	if pooled && (b.noChain || method == WaitPolar) {
+		return waitUnchecked, nil
+	}
 	for i := 0; ; i++ {
-		if !sep && (i < pipelinedAttempts || serverWaits) {
+		if i < pipelinedAttempts || serverWaits || pooled {
 			inj := cn.c.armCheck(b, method, *wm, max(time.Until(deadline), time.Millisecond))
 			notices := b.wire.Notices()
 			a.read()
@@ -637,10 +646,10 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 				}
 				*wm = w
 			}
-			if b.peer.TxPooled && !inj.Sent() {
+			if pooled && !inj.Sent() {
 				a.drop()
-				b.noChain, sep = true, true
-				continue
+				b.noChain = b.noChain || inj.Refused()
+				return waitUnchecked, nil
 			}
 			if a.unset {
 				return waitOK, nil

@@ -307,7 +307,14 @@ func (cn *Conn) resetState(ctx context.Context) error {
 	if w.wire == nil {
 		return nil
 	}
-	if cn.pins&(pinLock|pinPrepared|pinUnread) != 0 || w.peer.TxPooled {
+	if w.peer.TxPooled {
+		// Behind a transaction pooler the reset would run on whichever
+		// server connection it reached, another client's: the session
+		// state is the pooler's (its server_reset_query, if any).
+		cn.dropSessionState(cn.pins&pinPermanent, "reset_session")
+		return nil
+	}
+	if cn.pins&(pinLock|pinPrepared|pinUnread) != 0 {
 		if err := cn.checkPrimary(ctx); err != nil {
 			return err
 		}
@@ -344,7 +351,8 @@ func (cn *Conn) dropSessionState(pins pinReason, why string) {
 // the primary.
 func (cn *Conn) armReset() *wire.Injection {
 	w := cn.primary
-	if !cn.resetPending || w.wire == nil || !w.idle() {
+	if !cn.resetPending || w.wire == nil || !w.idle() || w.peer.TxPooled {
+		cn.resetPending = cn.resetPending && !w.peer.TxPooled
 		return nil
 	}
 	cn.resetPending = false
@@ -374,7 +382,7 @@ func (cn *Conn) settleReset(ctx context.Context, inj *wire.Injection) {
 // front of the read about to be sent, when b does not have them yet.
 func (cn *Conn) armSettings(b *backend) *wire.Injection {
 	set := &cn.sess.set
-	if b.wire == nil || b.applied.version == set.version {
+	if b.wire == nil || b.applied.version == set.version || b.peer.TxPooled {
 		return nil
 	}
 	var names, values []string

@@ -39,6 +39,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -203,6 +204,9 @@ type tpRun struct {
 	faults bool
 	ryw    string       // DSN keys of pgryw's alone (write_functions=...)
 	txOpen atomic.Int32 // on the pgryw side: transactions open now
+	// faultMu orders arming a fault against a transaction's start: a
+	// fault armed before it must not fire inside it.
+	faultMu sync.Mutex
 }
 
 func tpSeedValue(t *testing.T) int64 {
@@ -329,6 +333,7 @@ type tpSide struct {
 	stmts    map[int]*sql.Stmt
 	sentinel int
 	txOpen   *atomic.Int32   // transactions and blocks open: no connection is cut meanwhile
+	opening  func()          // counts a transaction about to open, and disarms pending faults (pgryw's side)
 	life     context.Context // the program's: transactions begin with it
 	end      context.CancelFunc
 	block    [tpSessions]bool
@@ -351,6 +356,15 @@ func (r *tpRun) open(i int, extra string) (*tpSide, error) {
 	}
 	reset.Close(ctx)
 	s := &tpSide{stmts: map[int]*sql.Stmt{}, txOpen: &r.txOpen}
+	s.opening = func() { s.txOpen.Add(1) }
+	if i == 1 {
+		s.opening = func() {
+			r.faultMu.Lock()
+			r.txOpen.Add(1)
+			r.nw.DisarmAll()
+			r.faultMu.Unlock()
+		}
+	}
 	s.life, s.end = context.WithCancel(context.Background())
 	if i == 0 {
 		s.db, err = sql.Open("pgx", tpDSN(db, extra))
@@ -456,11 +470,13 @@ func (s *tpSide) run(st tpStep) tpResult {
 		}
 		// The transaction lives past this step: database/sql ends it
 		// when the context given here ends.
+		s.opening()
 		tx, err := s.conns[st.sess].BeginTx(s.life, &st.tx)
 		res.err = errText(err)
 		if err == nil {
 			s.txs[st.sess] = tx
-			s.txOpen.Add(1)
+		} else {
+			s.txOpen.Add(-1)
 		}
 	case "commit", "rollback":
 		tx := s.txs[st.sess]
@@ -523,7 +539,7 @@ func (s *tpSide) noteBlock(st tpStep) {
 	switch {
 	case strings.HasPrefix(up, "BEGIN") && !s.block[st.sess]:
 		s.block[st.sess] = true
-		s.txOpen.Add(1)
+		s.opening()
 	case (strings.HasPrefix(up, "COMMIT") || strings.HasPrefix(up, "ROLLBACK")) && s.block[st.sess]:
 		s.block[st.sess] = false
 		s.txOpen.Add(-1)
@@ -752,12 +768,13 @@ func (r *tpRun) startFaults(pseed int64) func() {
 				// A transaction on a replica fails with its connection, as
 				// one on any server does: cut nothing while one is open.
 				f := randomFault(rng)
-				if r.txOpen.Load() != 0 && f.Kind != faultnet.Stall {
-					break
+				r.faultMu.Lock()
+				if r.txOpen.Load() == 0 || f.Kind == faultnet.Stall {
+					if cs := r.nw.Conns(ports[rng.IntN(len(ports))]); len(cs) > 0 {
+						cs[rng.IntN(len(cs))].Arm(f)
+					}
 				}
-				if cs := r.nw.Conns(ports[rng.IntN(len(ports))]); len(cs) > 0 {
-					cs[rng.IntN(len(cs))].Arm(f)
-				}
+				r.faultMu.Unlock()
 			}
 		}
 	}()

@@ -89,6 +89,10 @@ const (
 	// SQLSTATE 55000: the session holds a lock or a snapshot); nothing is
 	// wrong with the node.
 	waitCannot
+	// waitUnchecked: behind a transaction pooler the check could not run
+	// in the read's own transaction (a simple-protocol read): the read is
+	// not served by this replica.
+	waitUnchecked
 )
 
 // primaryPos is a position read on the primary, with the timeline it is on.
@@ -375,6 +379,12 @@ func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget t
 		inj.Chain = true
 		inj.MustChain = b.peer.TxPooled
 	default:
+		if b.peer.TxPooled {
+			// In the read's own transaction (see Conn.pipelined).
+			inj.Reset(sqlPoll)
+			inj.Chain, inj.MustChain = true, true
+			break
+		}
 		inj = b.injectPrepared(&b.pre, stmtPoll, sqlPoll)
 	}
 	b.wire.Prefix(inj)

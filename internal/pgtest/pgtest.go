@@ -75,9 +75,10 @@ type Options struct {
 	// Bouncer, "transaction" or "session", puts a PgBouncer in that pool
 	// mode in front of every node (see StartBouncer): WriterDSN and
 	// ReplicaAddrs then name the bouncers, and WriterDSN asks pgx for
-	// default_query_exec_mode=simple_protocol in transaction mode (pgx
-	// needs it behind PgBouncer 1.18, which has no protocol-level prepared
-	// statements). The Writer and Replicas nodes stay the servers
+	// default_query_exec_mode=exec in transaction mode (unnamed statements:
+	// PgBouncer 1.18 has no protocol-level prepared statements, and pgryw
+	// checks a replica in the read's own transaction only in the extended
+	// protocol). The Writer and Replicas nodes stay the servers
 	// themselves. "" means $PGRYW_PGBOUNCER.
 	Bouncer string
 	// Settings are extra postgresql.conf lines ("name = value") for every
@@ -329,7 +330,7 @@ func (c *Cluster) WriterDSN() string {
 	b := c.bouncers[0]
 	d := strings.Replace(c.Writer.DSN(), c.Writer.Addr(), b.Addr(), 1)
 	if b.Mode() == "transaction" {
-		d += "&default_query_exec_mode=simple_protocol"
+		d += "&default_query_exec_mode=exec"
 	}
 	return d
 }

@@ -52,16 +52,18 @@ type Injection struct {
 	// messages up to their Sync: pgx is then given the ErrorResponse as
 	// its own.
 	Chain bool
-	// MustChain: sent only chained. When pgx's write cannot take it so
-	// (a simple-protocol Query, say), it is not sent at all (Sent stays
-	// false) and the caller runs it on its own. For a server connection
-	// that can change at every ReadyForQuery that ends a transaction (a
-	// transaction pooler in between): a segment of its own would be
-	// answered on another connection than the one pgx's statement ends up
-	// on, or reach another client.
+	// MustChain: sent only chained in front of a write of pgx's that
+	// executes its statement in the extended protocol, so that both run in
+	// one implicit transaction, which a transaction pooler keeps on one
+	// server connection. A write that only prepares (Parse, Describe,
+	// Sync) passes it on to the next; a simple-protocol one refuses it:
+	// it is not sent (Sent stays false) and Refused says so. A segment of
+	// its own would be answered on another server connection than pgx's
+	// statement, or reach another client.
 	MustChain bool
 
-	chained bool // it went out so (set when sent)
+	chained bool
+	refused bool // MustChain, and pgx's write could not take it // it went out so (set when sent)
 
 	sent bool
 	done bool
@@ -121,6 +123,14 @@ func (in *Injection) Err() error {
 	return nil
 }
 
+// Refused reports that in was MustChain and pgx's write could not take it
+// chained.
+func (in *Injection) Refused() bool {
+	in.lock()
+	defer in.unlock()
+	return in.refused
+}
+
 // FunctionCall reports that in is a fast-path FunctionCall message, whose
 // result is its Row's one value.
 func (in *Injection) FunctionCall() bool { return len(in.Msgs) > 0 && in.Msgs[0] == 'F' }
@@ -166,6 +176,9 @@ type Peer struct {
 	// Instance names the server instance the connection reached (0:
 	// unknown, or not one instance for the connection's lifetime).
 	Instance uint64
+	// Auto: what is known came from asking the server (pooler=auto), and
+	// evidence of a pooler later may change it.
+	Auto bool
 }
 
 // Conn wraps one server connection; see the package documentation.
@@ -243,12 +256,11 @@ func (c *Conn) disarm() {
 // Conn then injects nothing.
 var ErrFraming = errors.New("wire: unexpected frontend message framing")
 
-// Write implements net.Conn. pgx's Terminate goes out only once nothing
-// of pgryw's is due on the connection (Drain); when something still is,
-// it does not go out at all, and Close resets the connection.
+// Write implements net.Conn. pgx's Terminate goes out once nothing of
+// pgryw's is due on the connection (Drain), or DrainWait has passed.
 func (c *Conn) Write(b []byte) (int, error) {
-	if len(b) == 5 && b[0] == 'X' && !c.Drain(time.Now().Add(DrainWait)) {
-		return len(b), nil
+	if len(b) == 5 && b[0] == 'X' {
+		c.Drain(time.Now().Add(DrainWait))
 	}
 	buf, lead := b, 0
 	c.mu.Lock()
@@ -273,9 +285,21 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 	}
 	buf = c.wbuf[:0]
 	extended := len(b) > 0 && (b[0] == 'P' || b[0] == 'B') && syncs > 0 && !simple
+	var keep []*Injection
 	for i, in := range c.prefix {
 		in.chained = in.Chain && in.Msgs == nil && extended && i == len(c.prefix)-1
-		if in.MustChain && !in.chained {
+		if c.Peer.TxPooled && !in.MustChain {
+			// A segment of its own behind a transaction pooler: never.
+			in.refused = true
+			continue
+		}
+		if in.MustChain && !(in.chained && exec) {
+			in.chained = false
+			if extended && !exec {
+				keep = append(keep, in) // pgx prepares first: ride with its execution
+			} else {
+				in.refused = true
+			}
 			continue
 		}
 		buf = in.appendTo(buf)
@@ -287,6 +311,15 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 	for i := 0; i < syncs; i++ {
 		c.queue = append(c.queue, segment{})
 	}
+	if exec && c.Peer.TxPooled {
+		// Behind a transaction pooler nothing rides behind a statement:
+		// its ReadyForQuery may end the transaction.
+		for _, in := range c.suffix {
+			in.refused = true
+		}
+		clear(c.suffix)
+		c.suffix = c.suffix[:0]
+	}
 	if exec {
 		for _, in := range c.suffix {
 			buf = in.appendTo(buf)
@@ -297,7 +330,7 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 		c.suffix = c.suffix[:0]
 	}
 	clear(c.prefix)
-	c.prefix = c.prefix[:0]
+	c.prefix = append(c.prefix[:0], keep...)
 	c.trimQueue()
 	c.wbuf = buf
 	return buf, lead
@@ -693,9 +726,6 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 	if !ok {
 		dl = time.Now().Add(30 * time.Second)
 	}
-	if c.abuf == nil {
-		c.abuf = make([]byte, 4096)
-	}
 	for {
 		c.mu.Lock()
 		if in.done {
@@ -724,6 +754,9 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 			}
 		}
 		c.reading = true
+		if c.abuf == nil {
+			c.abuf = make([]byte, 4096)
+		}
 		c.mu.Unlock()
 		n, err := c.readBy(ctx, dl)
 		c.mu.Lock()
@@ -759,9 +792,6 @@ func (c *Conn) Due() bool {
 // last ReadyForQuery; an answer still in flight then would reach that
 // client as its own.
 func (c *Conn) Drain(dl time.Time) bool {
-	if c.abuf == nil {
-		c.abuf = make([]byte, 4096)
-	}
 	for {
 		c.mu.Lock()
 		if len(c.queue) == 0 {
@@ -786,6 +816,9 @@ func (c *Conn) Drain(dl time.Time) bool {
 			continue
 		}
 		c.reading = true
+		if c.abuf == nil {
+			c.abuf = make([]byte, 4096)
+		}
 		c.mu.Unlock()
 		n, err := c.readBy(context.Background(), dl)
 		c.mu.Lock()
@@ -801,17 +834,21 @@ func (c *Conn) Drain(dl time.Time) bool {
 	}
 }
 
-// Close implements net.Conn. When an answer of pgryw's is still due (Drain
-// gave up, or pgx closed without a Terminate), the connection is reset
-// rather than closed in order, where the socket allows: whatever is in
-// between learns the server connection is not in a known state.
+// Close implements net.Conn, after a Drain when pgx closes without a
+// Terminate.
 func (c *Conn) Close() error {
-	if c.Due() && !c.Drain(time.Now().Add(DrainWait)) {
-		if tc, ok := c.Conn.(*net.TCPConn); ok {
-			tc.SetLinger(0)
-		}
+	if c.Due() {
+		c.Drain(time.Now().Add(DrainWait))
 	}
 	return c.Conn.Close()
+}
+
+// SetTxPooled marks the connection as behind a transaction pooler from now
+// on (Peer.TxPooled): no prefix unless chained, no suffix.
+func (c *Conn) SetTxPooled() {
+	c.mu.Lock()
+	c.Peer = Peer{TxPooled: true, Unnamed: true, Auto: c.Peer.Auto}
+	c.mu.Unlock()
 }
 
 // errAwaitTimeout: no deadline was given and pgryw's answer did not come

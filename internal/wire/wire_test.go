@@ -629,3 +629,53 @@ func TestLastWordsSkipsUnreadAnswer(t *testing.T) {
 		t.Errorf("idle connection: LastWords = %q, %v; want 'E', true", got, ok)
 	}
 }
+
+// MustChain: an injection goes out only chained in front of a write that
+// executes in the extended protocol. A write that only prepares passes it
+// on to the next; a simple Query refuses it. Behind a transaction pooler
+// (Peer.TxPooled) nothing else of pgryw's goes out: no prefix of its own,
+// no suffix.
+func TestMustChain(t *testing.T) {
+	prepare := encF(t, &pgproto3.Parse{Name: "s", Query: "SELECT 1"}, &pgproto3.Describe{ObjectType: 'S', Name: "s"}, &pgproto3.Sync{})
+	execute := encF(t, &pgproto3.Bind{PreparedStatement: "s"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	chained := encF(t, &pgproto3.Parse{Query: "SELECT 2"}, &pgproto3.Bind{}, &pgproto3.Execute{})
+
+	under := &chunked{rng: rand.New(rand.NewSource(1))}
+	c := Wrap(under)
+	in := &Injection{SQL: "SELECT 2", Chain: true, MustChain: true}
+	c.Prefix(in)
+	c.Write(prepare)
+	if in.Sent() || !bytes.Equal(under.written.Bytes(), prepare) {
+		t.Fatalf("sent in front of a write that only prepares:\n% x", under.written.Bytes())
+	}
+	under.written.Reset()
+	c.Write(execute)
+	if !in.Sent() || !in.chained || !bytes.Equal(under.written.Bytes(), append(append([]byte{}, chained...), execute...)) {
+		t.Fatalf("not chained in front of the execution:\n% x", under.written.Bytes())
+	}
+
+	under = &chunked{rng: rand.New(rand.NewSource(1))}
+	c = Wrap(under)
+	in = &Injection{SQL: "SELECT 2", Chain: true, MustChain: true}
+	c.Prefix(in)
+	q := encF(t, &pgproto3.Query{String: "SELECT 3"})
+	c.Write(q)
+	if in.Sent() || !in.Refused() || !bytes.Equal(under.written.Bytes(), q) {
+		t.Fatalf("in front of a simple Query: sent %v, refused %v", in.Sent(), in.Refused())
+	}
+
+	under = &chunked{rng: rand.New(rand.NewSource(1))}
+	c = Wrap(under)
+	c.Peer.TxPooled = true
+	pre := &Injection{SQL: "SELECT 4"}
+	post := &Injection{SQL: "SELECT 5"}
+	c.Prefix(pre)
+	c.AppendAfterExec(post)
+	c.Write(execute)
+	if pre.Sent() || post.Sent() || !pre.Refused() || !post.Refused() || !bytes.Equal(under.written.Bytes(), execute) {
+		t.Fatalf("behind a transaction pooler: prefix sent %v, suffix sent %v:\n% x", pre.Sent(), post.Sent(), under.written.Bytes())
+	}
+	if c.Due() {
+		t.Fatal("an answer is due for injections never sent")
+	}
+}
