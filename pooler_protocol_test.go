@@ -18,12 +18,12 @@ import (
 // belongs to the server instance that answered.
 
 // heldPollReplica is a fake standby that answers a read at once and holds
-// back the answer of the replay poll riding behind it (until release is
-// closed, or for good), as a busy server's second packet; it notes whether
+// back the answer of the replay poll riding behind it (for holdFor, or for
+// good when that is 0), as a busy server's second packet; it notes whether
 // that answer had gone out when the connection's Terminate came.
 type heldPollReplica struct {
 	protoReplica
-	release chan struct{}
+	holdFor time.Duration
 
 	mu         sync.Mutex
 	heldOn     map[int]bool // connections a poll answer was held back on
@@ -61,10 +61,13 @@ func (r *heldPollReplica) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.Back
 			}
 			r.heldOn[c.ID()] = true
 			r.mu.Unlock()
+			if r.holdFor == 0 {
+				return out[:i+1] // never answered
+			}
 			go func() {
-				<-r.release
+				time.Sleep(r.holdFor)
+				r.mu.Lock() // a Terminate is looked at after the count
 				c.Send(rest...)
-				r.mu.Lock()
 				r.sent++
 				r.mu.Unlock()
 			}()
@@ -74,27 +77,35 @@ func (r *heldPollReplica) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.Back
 	return out
 }
 
-// twoHeldReplicas starts a fake writer and two held-poll standbys (two
-// replicas: a poll rides behind every replica read) and opens a pool that
-// keeps no idle connection, as database/sql does under churn.
-func twoHeldReplicas(t *testing.T) (*sql.DB, []*heldPollReplica, []*pgfake.Server) {
+// fakeServer starts a fake server with cfg, closed with the test.
+func fakeServer(t *testing.T, cfg pgfake.Config) *pgfake.Server {
 	t.Helper()
-	w := &protoWriter{lsn: protoLSN, value: "writer"}
-	writer, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "off", Handler: w.handle})
+	s, err := pgfake.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { writer.Close() })
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// fakeWriter starts a scripted fake writer (protoWriter).
+func fakeWriter(t *testing.T) *pgfake.Server {
+	w := &protoWriter{lsn: protoLSN, value: "writer"}
+	return fakeServer(t, pgfake.Config{ServerVersion: "15.4", InHotStandby: "off", Handler: w.handle})
+}
+
+// twoHeldReplicas starts a fake writer and two held-poll standbys (two
+// replicas: a poll rides behind every replica read) and opens a pool that
+// keeps no idle connection, as database/sql does under churn.
+func twoHeldReplicas(t *testing.T, holdFor time.Duration) (*sql.DB, []*heldPollReplica, []*pgfake.Server) {
+	t.Helper()
+	writer := fakeWriter(t)
 	var rs []*heldPollReplica
 	var srvs []*pgfake.Server
 	var addrs []string
 	for i := 0; i < 2; i++ {
-		r := &heldPollReplica{protoReplica: protoReplica{replay: protoStart, status: "success"}, release: make(chan struct{})}
-		s, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: r.handle})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
+		r := &heldPollReplica{protoReplica: protoReplica{replay: protoStart, status: "success"}, holdFor: holdFor}
+		s := fakeServer(t, pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: r.handle})
 		rs, srvs, addrs = append(rs, r), append(srvs, s), append(addrs, s.Addr())
 	}
 	db, _ := openDSN(t, fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 replicas=%s",
@@ -109,13 +120,7 @@ func twoHeldReplicas(t *testing.T) (*sql.DB, []*heldPollReplica, []*pgfake.Serve
 // pgryw's is in flight when the server connection is let go (a pooler
 // would hand it, answer and all, to its next client).
 func TestProtocolCloseDrainsRideAlong(t *testing.T) {
-	db, rs, _ := twoHeldReplicas(t)
-	go func() {
-		time.Sleep(150 * time.Millisecond)
-		for _, r := range rs {
-			close(r.release)
-		}
-	}()
+	db, rs, _ := twoHeldReplicas(t, 150*time.Millisecond)
 	var v string
 	if err := db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "old" {
 		t.Fatalf("read: %q, %v", v, err)
@@ -150,7 +155,7 @@ func TestProtocolCloseDrainsRideAlong(t *testing.T) {
 // When the answer never comes, closing waits wire.DrainWait for it, then
 // ends the connection anyway: a stalled server does not hold the caller.
 func TestProtocolCloseGivesUpAfterDrainWait(t *testing.T) {
-	db, rs, _ := twoHeldReplicas(t)
+	db, rs, _ := twoHeldReplicas(t, 0)
 	var v string
 	returned := time.Now() // (Scan closes the rows, and database/sql the connection, before it returns)
 	if err := db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "old" {
@@ -206,22 +211,14 @@ func (ir *instanceReplica) set(inst, pos string) {
 	ir.mu.Unlock()
 }
 
-// instanceCluster starts a fake writer and one fake standby address with
-// pgfake config cfg, and a pool on them with a short budget.
+// instanceCluster starts a fake writer and one fake standby address (that
+// looks like a pooler with pooled), and a pool on them with a short
+// budget.
 func instanceCluster(t *testing.T, pooled bool) (*sql.DB, *instanceReplica, *pgfake.Server) {
 	t.Helper()
-	w := &protoWriter{lsn: protoLSN, value: "writer"}
-	writer, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "off", Handler: w.handle})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { writer.Close() })
+	writer := fakeWriter(t)
 	ir := &instanceReplica{r: protoReplica{replay: protoStart, status: "success"}, pos: map[string]string{}}
-	srv, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: ir.handle, Pooled: pooled})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv := fakeServer(t, pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: ir.handle, Pooled: pooled})
 	db, _ := openDSN(t, fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 wait_timeout=30ms replicas=%s",
 		writer.Host(), writer.Port(), srv.Addr()))
 	db.SetMaxOpenConns(1)
@@ -348,17 +345,9 @@ func TestProtocolSessionPoolerReadBackUnnamed(t *testing.T) {
 			return pgfake.Result{Err: pgfake.Error("42601", "unexpected "+q.SQL)}
 		})
 	}
-	writer, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "off", Handler: handle})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { writer.Close() })
+	writer := fakeServer(t, pgfake.Config{ServerVersion: "15.4", InHotStandby: "off", Handler: handle})
 	r := &protoReplica{replay: protoStart, status: "success"}
-	replica, err := pgfake.Start(pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: r.handle})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { replica.Close() })
+	replica := fakeServer(t, pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: r.handle})
 	db, _ := openDSN(t, fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 pooler=session replicas=%s",
 		writer.Host(), writer.Port(), replica.Addr()))
 	db.SetMaxOpenConns(1)
