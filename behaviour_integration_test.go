@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgryw/pgryw"
 	"github.com/pgryw/pgryw/internal/pgtest"
 )
 
@@ -96,6 +97,29 @@ func newTableNoWait(t *testing.T) string {
 // itself. Replica 1 is paused; another client's row reaches replica 0 only.
 // With read_your_writes=off (the control) the same reads flip between seen
 // and unseen as they rotate over the replicas.
+// waitPositionsKnown waits until the monitor of db's connector c (started
+// by db's first connection) has read a replay position of every replica.
+func waitPositionsKnown(t *testing.T, db *sql.DB, c *pgryw.Connector) {
+	t.Helper()
+	if err := db.Ping(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		known := 0
+		for _, ns := range c.NodeStats() {
+			if ns.Role == pgryw.RoleReplica && ns.Position > 0 {
+				known++
+			}
+		}
+		if known == len(cluster.Replicas) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the monitor knows %d of %d replicas' positions after 10s", known, len(cluster.Replicas))
+		}
+	}
+}
+
 func TestIntegrationMonotonicReads(t *testing.T) {
 	ctx := context.Background()
 	table := newTable(t)
@@ -134,9 +158,16 @@ func TestIntegrationMonotonicReads(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	flips := func(extra string) (seenThenUnseen int, seen int) {
-		db, _ := openDB(t, "wait_timeout=20ms&session_scope=conn&"+extra)
+		db, c := openDB(t, "wait_timeout=20ms&session_scope=conn&"+extra)
 		db.SetMaxOpenConns(1)
-		time.Sleep(300 * time.Millisecond) // let the monitor learn both replicas' positions
+		if extra == "" {
+			// Let the monitor learn both replicas' positions: until it
+			// has, a read sticks to the replica it knows (the paused
+			// one) and sees nothing, which proves nothing either way.
+			waitPositionsKnown(t, db, c)
+		} else {
+			time.Sleep(300 * time.Millisecond)
+		}
 		was := false
 		for i := 0; i < 40; i++ {
 			var n int
