@@ -36,9 +36,9 @@ type backend struct {
 	// opened (Connector.identify): a pooler in between, the server
 	// instance.
 	peer wire.Peer
-	// noChain: a check that had to be chained into the read was not (the
-	// read went in the simple protocol): behind a transaction pooler, its
-	// checks are round trips of their own.
+	// noChain: behind a transaction pooler, a read on this connection
+	// went in the simple protocol, so a check could not share its
+	// transaction: its reads that need one run on the primary.
 	noChain bool
 	// probes counts the monitor's probes over this connection (Connector.probe).
 	probes int

@@ -629,8 +629,9 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 	// connection, and after a repoint another server, than the read.
 	// Where it cannot (a simple-protocol read, PolarDB's SETs), the read
 	// is not checked on the replica at all.
+	// (pgx sends a transaction's BEGIN as a simple Query, always.)
 	pooled := b.peer.TxPooled
-	if pooled && (b.noChain || method == WaitPolar) {
+	if pooled && (b.noChain || method == WaitPolar || a.op.kind == opBegin) {
 		return waitUnchecked, nil
 	}
 	for i := 0; ; i++ {
@@ -647,6 +648,8 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 				*wm = w
 			}
 			if pooled && !inj.Sent() {
+				// A read in the simple protocol: the connection's reads
+				// are (default_query_exec_mode=simple_protocol).
 				a.drop()
 				b.noChain = b.noChain || inj.Refused()
 				return waitUnchecked, nil

@@ -394,8 +394,8 @@ func (c *Cluster) startBouncers(ctx context.Context, mode string) error {
 }
 
 // BouncerTrouble returns the log lines, of the cluster's bouncers and
-// servers, that say an answer reached a server connection no client was
-// linked to (it would go to the next client) or that one of pgryw's
+// servers, that say an answer (its ReadyForQuery) reached a server
+// connection no client was linked to (it would go to the next client) or that one of pgryw's
 // statement names met a server connection other than its own: what a
 // client must never cause behind a pooler. Empty without bouncers.
 func (c *Cluster) BouncerTrouble() []string {
@@ -409,7 +409,10 @@ func (c *Cluster) BouncerTrouble() []string {
 	var out []string
 	for _, l := range logs {
 		for _, line := range strings.Split(l, "\n") {
-			if strings.Contains(line, "when not linked") || strings.Contains(line, `prepared statement "pgryw_`) {
+			// Every answer ends with a ReadyForQuery ('Z'); a server shut
+			// down or terminated sends its FATAL ('E') unasked, also to
+			// connections no client is linked to.
+			if strings.Contains(line, "got packet 'Z' from server when not linked") || strings.Contains(line, `prepared statement "pgryw_`) {
 				out = append(out, line)
 			}
 		}
