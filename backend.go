@@ -91,8 +91,7 @@ func newBackend(dc driver.Conn, n *node) *backend {
 		if b.wire != nil {
 			b.peer = b.wire.Peer
 			if b.peer.Auto && !b.peer.TxPooled && n.pooledSeen.Load() {
-				b.peer = wire.Peer{TxPooled: true, Unnamed: true, Auto: true}
-				b.wire.SetTxPooled()
+				b.becomeTxPooled()
 			}
 		}
 		if b.wire != nil && n.index < 0 {
@@ -449,6 +448,14 @@ func (b *backend) forgetPrepared() {
 	clear(b.prepared)
 }
 
+// becomeTxPooled treats b, from now on, as behind a transaction pooler
+// (wire.Conn.SetTxPooled): what pgryw sends on it, and what it takes its
+// reads to have seen.
+func (b *backend) becomeTxPooled() {
+	b.wire.SetTxPooled()
+	b.peer = b.wire.Peer
+}
+
 // injectionFailed notes a ride-along statement's error: a prepared statement
 // that is gone (DEALLOCATE ALL, DISCARD ALL) is prepared again next time.
 //
@@ -465,8 +472,7 @@ func (b *backend) injectionFailed(name string, err error) {
 	switch pgErr.Code {
 	case sqlstateNoSuchStatement, sqlstateDuplicateStatement:
 		if name != "" && b.prepared[name] && b.peer.Auto {
-			b.peer = wire.Peer{TxPooled: true, Unnamed: true, Auto: true}
-			b.wire.SetTxPooled()
+			b.becomeTxPooled()
 			b.node.pooledSeen.Store(true)
 		}
 	}

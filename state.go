@@ -351,8 +351,11 @@ func (cn *Conn) dropSessionState(pins pinReason, why string) {
 // the primary.
 func (cn *Conn) armReset() *wire.Injection {
 	w := cn.primary
-	if !cn.resetPending || w.wire == nil || !w.idle() || w.peer.TxPooled {
-		cn.resetPending = cn.resetPending && !w.peer.TxPooled
+	if w.peer.TxPooled {
+		cn.resetPending = false // (set before the connection turned out to be behind one: resetState)
+		return nil
+	}
+	if !cn.resetPending || w.wire == nil || !w.idle() {
 		return nil
 	}
 	cn.resetPending = false

@@ -726,16 +726,23 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 	if !ok {
 		dl = time.Now().Add(30 * time.Second)
 	}
+	return c.readUntil(ctx, dl, in)
+}
+
+// readUntil reads from the socket, beside pgx's use of it, until in's
+// answer is complete (or, with in nil, until nothing of pgryw's is due),
+// dl passes or ctx ends. A read of pgx's already on the socket is waited
+// for (what it reads is filtered as usual). Bytes meant for pgx are kept
+// for its next Read, except with in nil (Drain: the connection is being
+// closed).
+func (c *Conn) readUntil(ctx context.Context, dl time.Time, in *Injection) error {
 	for {
 		c.mu.Lock()
-		if in.done {
+		if c.reached(in) {
 			c.mu.Unlock()
 			return nil
 		}
 		if c.reading {
-			// pgx's background reader is on the socket: what it reads is
-			// filtered as usual. Wait for its read to return, then look
-			// again.
 			if c.waiter == nil {
 				c.waiter = make(chan struct{})
 			}
@@ -761,8 +768,10 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 		n, err := c.readBy(ctx, dl)
 		c.mu.Lock()
 		m := c.readReturned(c.abuf[:n])
-		c.pending = append(c.pending, c.abuf[:m]...)
-		done := in.done
+		if in != nil {
+			c.pending = append(c.pending, c.abuf[:m]...)
+		}
+		done := c.reached(in)
 		c.mu.Unlock()
 		if done {
 			return nil
@@ -771,6 +780,15 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 			return err
 		}
 	}
+}
+
+// reached reports readUntil's end: in's answer complete, or with in nil
+// nothing of pgryw's due. Call it with c.mu held.
+func (c *Conn) reached(in *Injection) bool {
+	if in != nil {
+		return in.done
+	}
+	return len(c.queue) == 0
 }
 
 // DrainWait bounds how long closing a connection waits for answers of
@@ -792,54 +810,23 @@ func (c *Conn) Due() bool {
 // last ReadyForQuery; an answer still in flight then would reach that
 // client as its own.
 func (c *Conn) Drain(dl time.Time) bool {
-	for {
-		c.mu.Lock()
-		if len(c.queue) == 0 {
-			c.pending = nil
-			c.mu.Unlock()
-			return true
-		}
-		if c.gaveUp || time.Now().After(dl) {
-			c.gaveUp = true
-			c.mu.Unlock()
-			return false
-		}
-		if c.reading {
-			if c.waiter == nil {
-				c.waiter = make(chan struct{})
-			}
-			w := c.waiter
-			c.mu.Unlock()
-			if waitFor(w, dl) != nil {
-				return false
-			}
-			continue
-		}
-		c.reading = true
-		if c.abuf == nil {
-			c.abuf = make([]byte, 4096)
-		}
-		c.mu.Unlock()
-		n, err := c.readBy(context.Background(), dl)
-		c.mu.Lock()
-		c.readReturned(c.abuf[:n])
-		c.pending = nil
-		c.mu.Unlock()
-		if err != nil {
-			c.mu.Lock()
-			c.gaveUp = c.gaveUp || len(c.queue) > 0
-			c.mu.Unlock()
-			return !c.Due()
-		}
+	c.mu.Lock()
+	gaveUp := c.gaveUp
+	c.mu.Unlock()
+	if !gaveUp {
+		c.readUntil(context.Background(), dl, nil)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pending = nil
+	c.gaveUp = len(c.queue) > 0
+	return !c.gaveUp
 }
 
 // Close implements net.Conn, after a Drain when pgx closes without a
 // Terminate.
 func (c *Conn) Close() error {
-	if c.Due() {
-		c.Drain(time.Now().Add(DrainWait))
-	}
+	c.Drain(time.Now().Add(DrainWait))
 	return c.Conn.Close()
 }
 
