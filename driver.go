@@ -124,10 +124,10 @@ func newConnector(cfg *Config) (*Connector, error) {
 	c.topo.primary = &node{index: -1, addr: fmt.Sprintf("%s:%d", wc.Host, wc.Port), host: wc.Host, port: wc.Port}
 	addNode := func(host string, port uint16, candidate bool) {
 		rc := replicaConfig(wc, host, port)
-		c.wireUp(rc)
+		n := &node{index: len(c.topo.replicas), addr: fmt.Sprintf("%s:%d", host, port), host: host, port: port, candidate: candidate}
+		c.wireUp(rc, n)
 		c.replicas = append(c.replicas, stdlib.GetConnector(*rc))
-		c.topo.replicas = append(c.topo.replicas, &node{index: len(c.topo.replicas), addr: fmt.Sprintf("%s:%d", host, port),
-			host: host, port: port, candidate: candidate})
+		c.topo.replicas = append(c.topo.replicas, n)
 	}
 	for _, r := range cfg.Replicas {
 		host, port, err := splitHostPort(r, wc.Port)
@@ -147,7 +147,7 @@ func newConnector(cfg *Config) (*Connector, error) {
 		}
 	}
 	if !c.plain {
-		c.wireUp(wc)
+		c.wireUp(wc, c.topo.primary)
 	}
 	c.primary = stdlib.GetConnector(*wc)
 	c.dial = c.dialServer
@@ -159,7 +159,7 @@ func newConnector(cfg *Config) (*Connector, error) {
 // wireUp puts a wire.Conn between pgconn and each new server connection
 // (after TLS), through which pgryw's own statements ride along with the
 // application's. A connector without replicas has no use for it.
-func (c *Connector) wireUp(cc *pgx.ConnConfig) {
+func (c *Connector) wireUp(cc *pgx.ConnConfig, n *node) {
 	prev := cc.AfterNetConnect
 	cc.AfterNetConnect = func(ctx context.Context, pc *pgconn.Config, nc net.Conn) (net.Conn, error) {
 		if prev != nil {
@@ -173,9 +173,6 @@ func (c *Connector) wireUp(cc *pgx.ConnConfig) {
 		}
 		return wire.Wrap(nc), nil
 	}
-	if c.cfg.Pooler == PoolerNone {
-		return
-	}
 	prevAfter := cc.AfterConnect
 	cc.AfterConnect = func(ctx context.Context, pc *pgconn.PgConn) error {
 		if prevAfter != nil {
@@ -187,7 +184,7 @@ func (c *Connector) wireUp(cc *pgx.ConnConfig) {
 		if !ok {
 			return nil
 		}
-		return c.identify(ctx, pc, w)
+		return c.identify(ctx, pc, w, n)
 	}
 }
 
@@ -197,22 +194,39 @@ func (c *Connector) wireUp(cc *pgx.ConnConfig) {
 // follow the session's TimeZone) and port tell one server instance from
 // another behind the same address. A role that may not call
 // pg_postmaster_start_time gets NULL there: no instance.
+// The fourth column is sqlSystem's: see checkSystemOf.
 const sqlIdentity = "SELECT pg_catalog.pg_backend_pid(), CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_postmaster_start_time()', 'EXECUTE')" +
-	" THEN pg_catalog.date_part('epoch', pg_catalog.pg_postmaster_start_time())::text END, COALESCE(pg_catalog.inet_server_port(), 0)"
+	" THEN pg_catalog.date_part('epoch', pg_catalog.pg_postmaster_start_time())::text END, COALESCE(pg_catalog.inet_server_port(), 0)," +
+	" CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')" +
+	" THEN (SELECT s.system_identifier::text FROM pg_catalog.pg_control_system() s) END"
 
-// identify sets w.Peer for a connection just opened, by c's pooler
+// identify sets w.Peer for a connection to n just opened, by c's pooler
 // setting: with auto and session, from sqlIdentity's answer (one round
 // trip). A server error (a standby refusing a default of SERIALIZABLE,
 // say) leaves the connection as it is, with nothing known: no instance
 // (so nothing known of the node spares its reads a check), and with auto
 // taken to be behind a transaction pooler, which is safe whatever is
 // there; the error comes again with the application's statement, where
-// pgryw handles it.
-func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Conn) error {
+// pgryw handles it. Unless a transaction pooler is in between, the
+// connection's system identifier is compared too (checkSystemOf): with
+// pooler=none that is the round trip's only question.
+func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Conn, n *node) error {
 	auto := c.cfg.Pooler == PoolerAuto
-	if c.cfg.Pooler == PoolerTransaction {
+	switch c.cfg.Pooler {
+	case PoolerTransaction:
 		w.Peer = wire.Peer{TxPooled: true, Unnamed: true}
 		return nil
+	case PoolerNone:
+		// No pooler to look for; the system identifier still is, on a
+		// replica's connection, and on the writer's until it is known.
+		if n.index < 0 && (c.sysID.Load() != 0 || c.sysTried.Load()) {
+			return nil
+		}
+		res, err := pc.Exec(ctx, sqlSystem).ReadAll()
+		if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+			return nil // nothing known; the monitor asks again
+		}
+		return c.checkSystemOf(n, res[0].Rows[0][0])
 	}
 	res, err := pc.Exec(ctx, sqlIdentity).ReadAll()
 	var pgErr *pgconn.PgError
@@ -223,12 +237,14 @@ func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Con
 	if err != nil {
 		return fmt.Errorf("pgryw: reading which server the connection reached: %w", err)
 	}
-	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 3 {
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 4 {
 		return errors.New("pgryw: reading which server the connection reached: unexpected answer")
 	}
 	row := res[0].Rows[0]
 	pid, _ := strconv.ParseUint(string(row[0]), 10, 32)
 	if auto && uint32(pid) != pc.PID() {
+		// Behind a pooler each transaction may reach another server:
+		// this one's identifier says nothing of the next.
 		w.Peer = wire.Peer{TxPooled: true, Unnamed: true, Auto: true}
 		return nil
 	}
@@ -239,6 +255,46 @@ func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Con
 		h.Write([]byte{0})
 		h.Write(row[2])
 		w.Peer.Instance = h.Sum64() | 1
+	}
+	return c.checkSystemOf(n, row[3])
+}
+
+// errForeign: a replica connection reached a standby of another cluster.
+var errForeign = errors.New("pgryw: a standby of another cluster")
+
+// checkSystemOf compares the system identifier a new connection to n
+// reported (nil: the role may not read it) with the writer's. The writer's
+// own connections teach it; a replica connection that reached another
+// cluster's standby (an address left over from a blue/green or
+// major-upgrade migration) fails with errForeign, wrapped with both
+// identifiers, and takes n out of reads (HealthForeign, logged) until a
+// connection to it reaches this cluster again. The monitor compares the
+// same on its own connections: this check covers the reads before its
+// first probe and an address that leads elsewhere between probes.
+func (c *Connector) checkSystemOf(n *node, v []byte) error {
+	if v == nil {
+		if n.index < 0 {
+			c.sysTried.Store(true) // as the monitor would conclude
+		}
+		return nil
+	}
+	sys, err := strconv.ParseUint(string(v), 10, 64)
+	if err != nil || sys == 0 {
+		return nil
+	}
+	if n.index < 0 {
+		c.sysID.CompareAndSwap(0, sys)
+		return nil
+	}
+	w := c.sysID.Load()
+	if w == 0 {
+		return nil // the writer has not said: the monitor compares later
+	}
+	n.system.Store(sys)
+	n.foreign.Store(sys != w)
+	c.noteHealth(n)
+	if sys != w {
+		return fmt.Errorf("%w at %s: its system identifier is %d, the writer's %d", errForeign, n.addr, sys, w)
 	}
 	return nil
 }

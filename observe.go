@@ -124,6 +124,9 @@ const (
 	// here and now (PostgreSQL 19 refuses a wait while the session holds a
 	// lock); nothing is wrong with the node.
 	FallbackCannotWait
+	// FallbackForeign: the replica connection reached a standby of another
+	// cluster (its system identifier is not the writer's).
+	FallbackForeign
 
 	fallbackCount // the size of FallbackCounts
 )
@@ -137,11 +140,13 @@ var fallbackNames = [...]string{
 	FallbackNoReplica:    "no replica usable",
 	FallbackPositionLost: "position lost",
 	FallbackCannotWait:   "replica cannot wait",
+	FallbackForeign:      "another cluster's standby",
 }
 
 // String names the reason ("replica behind", "replica unreachable",
 // "replica promoted", "replica refused", "no replica usable", "position
-// lost", "replica cannot wait"), or "" for FallbackNone.
+// lost", "replica cannot wait", "another cluster's standby"), or "" for
+// FallbackNone.
 func (f Fallback) String() string {
 	if int(f) < len(fallbackNames) {
 		return fallbackNames[f]

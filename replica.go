@@ -92,6 +92,10 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64, busy
 			if ctx.Err() != nil {
 				return nil, false, false, ctx.Err()
 			}
+			if errors.Is(err, errForeign) {
+				cn.skip(n, FallbackForeign)
+				continue
+			}
 			n.markDown()
 			cn.skip(n, FallbackUnreachable)
 			continue

@@ -270,3 +270,78 @@ func TestIntegrationForeignStandbyIgnored(t *testing.T) {
 		t.Fatal("no read was served by this cluster's replica")
 	}
 }
+
+// TestIntegrationForeignStandbyBeforeMonitor: each replica connection
+// compares its server's system identifier with the writer's when it opens,
+// so another cluster's standby serves no read even before the monitor
+// first looks at it (here it never does).
+func TestIntegrationForeignStandbyBeforeMonitor(t *testing.T) {
+	pgtest.Require(t, cluster)
+	ctx := context.Background()
+	other, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, BinDir: cluster.BinDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ow, err := pgx.Connect(ctx, other.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 8; i++ { // move the other cluster's WAL well ahead
+		if _, err := ow.Exec(ctx, "SELECT pg_switch_wal(), txid_current()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ow.Close(ctx)
+	if err := other.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	setDelay(t, 100*time.Millisecond)
+	for _, pooler := range []string{"auto", "none"} {
+		t.Run("pooler="+pooler, func(t *testing.T) {
+			foreignBeforeMonitor(t, cluster.WriterDSN()+"&wait_timeout=2s&pooler="+pooler+"&replicas="+other.ReplicaAddrs()[0])
+		})
+	}
+}
+
+func foreignBeforeMonitor(t *testing.T, dsn string) {
+	ctx := context.Background()
+	table := newTable(t)
+	cfg, err := pgryw.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := pgryw.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgryw.StopMonitor(c)
+	db := sql.OpenDB(c)
+	defer db.Close()
+	stale, readErrs := 0, 0
+	for i := 1; i <= 10; i++ {
+		if _, err := db.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 1)", table, i)); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := db.QueryRowContext(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE id = %d", table, i)).Scan(&n); err != nil {
+			readErrs++
+			t.Logf("read %d: %v", i, err)
+			continue
+		}
+		if n == 0 {
+			stale++
+		}
+	}
+	ns := c.NodeStats()
+	t.Logf("foreign standby: %+v; stats %+v", ns[1], c.Stats())
+	if stale != 0 || readErrs != 0 {
+		t.Fatalf("%d reads missed their own writes, %d failed", stale, readErrs)
+	}
+	if ns[1].Reads != 0 {
+		t.Fatalf("the other cluster's standby served %d reads", ns[1].Reads)
+	}
+	if ns[1].Health != pgryw.HealthForeign {
+		t.Fatalf("the other cluster's standby is %v", ns[1].Health)
+	}
+}

@@ -52,6 +52,9 @@ type Config struct {
 	// answer to pgryw's connection identity query (IdentityPrefix) names
 	// another backend process than the BackendKeyData of the startup.
 	Pooled bool
+	// System is the system identifier the identity query reports; empty:
+	// NULL, as for a role that may not read it.
+	System string
 	// Handler answers each batch. When nil, every batch gets
 	// Conn.Answer(b, nil): each statement an error.
 	Handler Handler
@@ -412,7 +415,7 @@ func (s *Server) isIdentity(raw []byte) bool {
 }
 
 // identity answers the identity query on c: its backend PID (another one
-// with Config.Pooled), the instance and the port.
+// with Config.Pooled), the instance, the port and Config.System.
 func (s *Server) identity(c *Conn) []byte {
 	pid := 1000 + c.id
 	if s.cfg.Pooled {
@@ -424,12 +427,16 @@ func (s *Server) identity(c *Conn) []byte {
 	if inst == "" {
 		inst = "fake"
 	}
+	var system []byte
+	if s.cfg.System != "" {
+		system = []byte(s.cfg.System)
+	}
 	c.mu.Lock()
 	c.instance = inst
 	c.mu.Unlock()
 	return Encode(
-		rowDescription([]Column{{Name: "pid", OID: 25}, {Name: "instance", OID: 25}, {Name: "port", OID: 25}}),
-		&pgproto3.DataRow{Values: [][]byte{[]byte(fmt.Sprint(pid)), []byte(inst), []byte(fmt.Sprint(s.Port()))}},
+		rowDescription([]Column{{Name: "pid", OID: 25}, {Name: "instance", OID: 25}, {Name: "port", OID: 25}, {Name: "system", OID: 25}}),
+		&pgproto3.DataRow{Values: [][]byte{[]byte(fmt.Sprint(pid)), []byte(inst), []byte(fmt.Sprint(s.Port())), system}},
 		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
 		&pgproto3.ReadyForQuery{TxStatus: c.TxStatus()},
 	)
