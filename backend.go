@@ -57,10 +57,11 @@ type backend struct {
 
 	// Names of pgryw's statements prepared on this connection, and the
 	// generation of their server-side names (see forgetPrepared).
-	prepared map[string]bool
-	prepGen  int
-	node     *node
-	ups      uint32 // node.ups when the connection was opened
+	prepared  map[string]bool
+	confirmed map[string]bool // of those, the ones an answer showed to exist
+	prepGen   int
+	node      *node
+	ups       uint32 // node.ups when the connection was opened
 
 	major int // server major version; 0 when unknown
 
@@ -308,9 +309,10 @@ func (b *backend) close() error { return b.conn.Close() }
 
 // slot is one reusable ride-along statement and its messages' buffer.
 type slot struct {
-	inj  wire.Injection
-	msgs []byte
-	name string // the prepared statement's base name
+	inj   wire.Injection
+	msgs  []byte
+	name  string // the prepared statement's base name
+	parse bool   // inj carries name's Parse, not yet known to have reached the server
 }
 
 // injectPrepared readies a ride-along statement in s as an extended-protocol
@@ -323,6 +325,7 @@ type slot struct {
 // the same flush every time: the server connection that has a named one
 // may not be the one the next flush reaches, nor the only one that has it.
 func (b *backend) injectPrepared(s *slot, name, sql string, params ...[]byte) *wire.Injection {
+	b.reconcilePrepared()
 	buf := s.msgs[:0]
 	base := name
 	if b.peer.Unnamed {
@@ -331,12 +334,14 @@ func (b *backend) injectPrepared(s *slot, name, sql string, params ...[]byte) *w
 	} else if b.prepGen > 0 {
 		name += "_" + strconv.Itoa(b.prepGen)
 	}
+	s.parse = false
 	if !b.peer.Unnamed && !b.prepared[base] {
 		buf, _ = (&pgproto3.Parse{Name: name, Query: sql}).Encode(buf)
 		if b.prepared == nil {
 			b.prepared = map[string]bool{}
 		}
-		b.prepared[base] = true
+		b.prepared[base] = true // for the injections armed after it in the same flush
+		s.parse = true
 	}
 	buf, _ = (&pgproto3.Bind{PreparedStatement: name, Parameters: params}).Encode(buf)
 	buf, _ = (&pgproto3.Execute{}).Encode(buf)
@@ -345,6 +350,31 @@ func (b *backend) injectPrepared(s *slot, name, sql string, params ...[]byte) *w
 	s.name = base
 	s.inj.ResetMessages(buf)
 	return &s.inj
+}
+
+// reconcilePrepared brings b.prepared in line with what reached the
+// server: a Parse whose injection was dropped before it was sent (pgx's own
+// Parse failed, so nothing executed) or refused created nothing, and the
+// next use parses again; one whose injection answered without an error is
+// confirmed, so that only a confirmed statement's 26000 counts as evidence
+// of a pooler (injectionFailed).
+func (b *backend) reconcilePrepared() {
+	for _, s := range []*slot{&b.pre, &b.post, &b.post2, &b.state} {
+		if !s.parse {
+			continue
+		}
+		switch in := &s.inj; {
+		case in.Dropped() || in.Refused():
+			delete(b.prepared, s.name)
+			s.parse = false
+		case in.Done() && in.Err() == nil:
+			if b.confirmed == nil {
+				b.confirmed = map[string]bool{}
+			}
+			b.confirmed[s.name] = true
+			s.parse = false
+		}
+	}
 }
 
 // slotName returns the base name of the prepared statement inj, armed in
@@ -446,6 +476,10 @@ func (b *backend) captureUnanswered(inj *wire.Injection) {
 func (b *backend) forgetPrepared() {
 	b.prepGen++
 	clear(b.prepared)
+	clear(b.confirmed)
+	for _, s := range []*slot{&b.pre, &b.post, &b.post2, &b.state} {
+		s.parse = false
+	}
 }
 
 // becomeTxPooled treats b, from now on, as behind a transaction pooler
@@ -459,26 +493,33 @@ func (b *backend) becomeTxPooled() {
 // injectionFailed notes a ride-along statement's error: a prepared statement
 // that is gone (DEALLOCATE ALL, DISCARD ALL) is prepared again next time.
 //
-// Either error for a name this connection prepared (or is preparing) under
-// its current generation means its flushes do not all reach one server
-// connection: a transaction pooler the connect-time check did not see. The
-// connection, and new connections to the node, are then treated as behind
-// one (Pooler).
+// A 26000 for a name an earlier answer showed prepared on this connection
+// under its current generation, or a 42P05 for one it is preparing, means
+// its flushes do not all reach one server connection: a transaction pooler
+// the connect-time check did not see. The connection, and new connections
+// to the node, are then treated as behind one (Pooler). (A Parse that never
+// went out, or failed, proves nothing: see reconcilePrepared.)
 func (b *backend) injectionFailed(name string, err error) {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || b.peer.Unnamed {
 		return
 	}
+	b.reconcilePrepared()
+	pooled := false
 	switch pgErr.Code {
-	case sqlstateNoSuchStatement, sqlstateDuplicateStatement:
-		if name != "" && b.prepared[name] && b.peer.Auto {
-			b.becomeTxPooled()
-			b.node.pooledSeen.Store(true)
-		}
+	case sqlstateNoSuchStatement:
+		pooled = b.confirmed[name]
+	case sqlstateDuplicateStatement:
+		pooled = b.prepared[name]
+	}
+	if name != "" && pooled && b.peer.Auto {
+		b.becomeTxPooled()
+		b.node.pooledSeen.Store(true)
 	}
 	switch pgErr.Code {
 	case sqlstateNoSuchStatement:
 		delete(b.prepared, name)
+		delete(b.confirmed, name)
 	case sqlstateDuplicateStatement:
 		b.prepared[name] = true
 	}

@@ -169,6 +169,12 @@ func (cn *Conn) armReadBack(cls *sqlclass.Result, idleBefore bool) (*wire.Inject
 // settleReadBack takes in what a statement on the primary did to session
 // state (err is its outcome), from the read-back riding behind it.
 func (cn *Conn) settleReadBack(ctx context.Context, ws *primaryStmt, err error) {
+	if inj := ws.state; inj != nil && !inj.Sent() {
+		// It rides behind the first of pgx's writes that executes: none
+		// did (pgx's Parse failed), so the state is as it was.
+		cn.primary.wire.Disarm()
+		return
+	}
 	cls := &ws.cls
 	pins := cn.pins
 	if cls.State&sqlclass.StateDiscardAll != 0 && err == nil {
@@ -182,9 +188,6 @@ func (cn *Conn) settleReadBack(ctx context.Context, ws *primaryStmt, err error) 
 	}
 	if ws.readBack {
 		pins |= pinUnread
-		if ws.state != nil {
-			cn.primary.wire.Disarm() // not sent if nothing executed
-		}
 		if inj := ws.state; inj != nil && cn.await(ctx, cn.primary, inj) {
 			if ierr := inj.Err(); ierr != nil {
 				cn.primary.injectionFailed(stmtState, ierr)

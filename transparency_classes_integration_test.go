@@ -345,3 +345,63 @@ func foreignBeforeMonitor(t *testing.T, dsn string) {
 		t.Fatalf("the other cluster's standby is %v", ns[1].Health)
 	}
 }
+
+// TestIntegrationFailedStatementLeavesStateAlone is class 8: a statement
+// that may change session state (UNLISTEN *, NOTIFY) and fails before it
+// executes (pgx's Parse refuses a multi-statement string in the extended
+// protocol) changed nothing, so the connection's next read goes to a
+// replica, as after any other statement that changed nothing. It used to
+// keep the connection's reads on the primary ("state not read back yet"),
+// and the read-back's own statement, marked prepared though its Parse never
+// went out, then failed with 26000, which made pgryw take the node to be
+// behind a transaction pooler for good.
+func TestIntegrationFailedStatementLeavesStateAlone(t *testing.T) {
+	pgtest.Require(t, cluster)
+	ctx := context.Background()
+	pdb, err := sql.Open("pgx", cluster.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pdb.Close()
+	traps := []string{"UNLISTEN *; NOTIFY tc8, 'x'", "LISTEN tc8; UNLISTEN *; NOTIFY tc8, 'x'", "SET application_name = 'tc8'; SELECT 1"}
+	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec"} {
+		for _, trap := range traps {
+			db, c := openDB(t, "default_query_exec_mode="+mode)
+			db.SetMaxOpenConns(1)
+			for round := 0; round < 2; round++ {
+				_, perr := pdb.QueryContext(ctx, trap)
+				_, rerr := db.QueryContext(ctx, trap)
+				if code(perr) != code(rerr) || perr == nil {
+					t.Fatalf("%s %q: pgx %v, pgryw %v", mode, trap, perr, rerr)
+				}
+				var n int
+				if !onReplica(t, ctx, db, "SELECT 1", &n) {
+					t.Fatalf("%s %q, round %d: the next read ran on the primary; %+v", mode, trap, round, c.Stats().PinnedBy)
+				}
+			}
+			// Session state taken and released afterwards still pins and unpins.
+			for _, q := range []string{"LISTEN tc8", "UNLISTEN *"} {
+				if _, err := db.ExecContext(ctx, q); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var n int
+			if st := c.Stats(); st.Pinned != 0 || !onReplica(t, ctx, db, "SELECT 1", &n) {
+				t.Fatalf("%s %q: after LISTEN and UNLISTEN *, still on the primary: %+v", mode, trap, st.PinnedBy)
+			}
+			db.Close()
+		}
+	}
+}
+
+// code is err's SQLSTATE, or its text when it has none.
+func code(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	if err != nil {
+		return err.Error()
+	}
+	return ""
+}

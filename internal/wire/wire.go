@@ -65,11 +65,12 @@ type Injection struct {
 	chained bool
 	refused bool // MustChain, and pgx's write could not take it // it went out so (set when sent)
 
-	sent bool
-	done bool
-	row  []string // first DataRow, text format; nil entries are NULL
-	null []bool
-	err  *pgconn.PgError
+	sent    bool
+	dropped bool // disarmed before it was sent
+	done    bool
+	row     []string // first DataRow, text format; nil entries are NULL
+	null    []bool
+	err     *pgconn.PgError
 
 	// mu is the lock of the Conn it was armed on: its answer is filled in
 	// by whichever goroutine reads the socket (pgx's, or an Await on
@@ -97,6 +98,14 @@ func (in *Injection) Sent() bool {
 	in.lock()
 	defer in.unlock()
 	return in.sent
+}
+
+// Dropped reports that in was disarmed (Disarm, or pgx's bytes did not
+// parse) before it was sent: it never reached the server.
+func (in *Injection) Dropped() bool {
+	in.lock()
+	defer in.unlock()
+	return in.dropped
 }
 
 // Done reports whether its whole answer has arrived.
@@ -247,6 +256,12 @@ func (c *Conn) Disarm() {
 }
 
 func (c *Conn) disarm() {
+	for _, in := range c.prefix {
+		in.dropped = true
+	}
+	for _, in := range c.suffix {
+		in.dropped = true
+	}
 	clear(c.prefix)
 	clear(c.suffix)
 	c.prefix, c.suffix = c.prefix[:0], c.suffix[:0]

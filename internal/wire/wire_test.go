@@ -679,3 +679,34 @@ func TestMustChain(t *testing.T) {
 		t.Fatal("an answer is due for injections never sent")
 	}
 }
+
+// An injection armed behind pgx's next execution, when pgx's write only
+// prepares and pgryw then disarms, never went out: Dropped says so (its
+// Parse, if it carried one, created nothing).
+func TestDisarmedIsDropped(t *testing.T) {
+	under := &chunked{rng: rand.New(rand.NewSource(1))}
+	c := Wrap(under)
+	after, before := &Injection{SQL: "SELECT 1"}, &Injection{SQL: "SELECT 2"}
+	c.AppendAfterExec(after)
+	write := encF(t, &pgproto3.Parse{Query: "SELECT 1; SELECT 2"}, &pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Sync{})
+	if _, err := c.Write(write); err != nil {
+		t.Fatal(err)
+	}
+	if after.Sent() || after.Dropped() || !bytes.Equal(under.written.Bytes(), write) {
+		t.Fatalf("sent %v, dropped %v behind a write that executes nothing", after.Sent(), after.Dropped())
+	}
+	c.Prefix(before)
+	c.Disarm()
+	if after.Sent() || !after.Dropped() || before.Sent() || !before.Dropped() {
+		t.Fatalf("after Disarm: suffix sent %v dropped %v, prefix sent %v dropped %v", after.Sent(), after.Dropped(), before.Sent(), before.Dropped())
+	}
+	sent := &Injection{SQL: "SELECT 3"}
+	c.AppendAfterExec(sent)
+	if _, err := c.Write(encF(t, &pgproto3.Query{String: "SELECT 4"})); err != nil {
+		t.Fatal(err)
+	}
+	c.Disarm()
+	if !sent.Sent() || sent.Dropped() {
+		t.Fatalf("sent %v, dropped %v", sent.Sent(), sent.Dropped())
+	}
+}
