@@ -1,6 +1,7 @@
 // Package faultnet wraps net.Conns so that tests can inject network faults
 // at chosen points of a conversation: a write cut after k bytes, a read cut
-// after k bytes, a connection reset, or a stall.
+// after k bytes, a connection reset, a stall, or a cut or stall right after
+// the server's next ReadyForQuery.
 //
 // A Network tracks every connection it wrapped, so a test can arm a fault on
 // one connection (found by its local address, or picked from the live ones to
@@ -24,6 +25,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -48,6 +50,20 @@ const (
 	// Fault.Delay before it goes ahead; a deadline that passes meanwhile ends
 	// it with os.ErrDeadlineExceeded, and Close with net.ErrClosed.
 	Stall
+	// CutAfterReady lets the server's bytes through up to the end of the
+	// next ReadyForQuery that ends the answer to a completed statement (a
+	// CommandComplete came since the last ReadyForQuery: not the answer to
+	// a Parse and Describe alone) and closes the connection there, as a
+	// server or network failing at that moment would: what came behind it
+	// is lost, and the next Read returns ErrInjected. (The connection must
+	// carry the PostgreSQL protocol from its first byte, as one wrapped in
+	// pgconn's AfterNetConnect does.)
+	CutAfterReady
+	// StallAfterReady holds back the server's bytes behind that same
+	// ReadyForQuery for Fault.Delay: Reads return up to the end of it at
+	// once, and the next ones wait (deadlines and Close end the wait as
+	// for Stall).
+	StallAfterReady
 )
 
 // String returns the kind's name.
@@ -61,6 +77,10 @@ func (k Kind) String() string {
 		return "reset"
 	case Stall:
 		return "stall"
+	case CutAfterReady:
+		return "cut-after-ready"
+	case StallAfterReady:
+		return "stall-after-ready"
 	}
 	return "kind?"
 }
@@ -72,7 +92,7 @@ type Fault struct {
 	// After is, for CutWrite and CutRead, how many bytes (counted from
 	// arming, across calls) go through before the cut.
 	After int
-	// Delay is, for Stall, how long the stalled call waits.
+	// Delay is, for Stall and StallAfterReady, how long the stall lasts.
 	Delay time.Duration
 }
 
@@ -98,6 +118,17 @@ type Conn struct {
 	closed    bool
 	closedCh  chan struct{}
 	cut       bool // a fault closed the connection
+
+	// The server's message framing, followed across Reads, for the
+	// AfterReady kinds.
+	frHdr     [5]byte
+	frN       int           // header bytes seen of the current message
+	frLeft    int           // body bytes still to come of the current message
+	frDone    bool          // a CommandComplete came since the last ReadyForQuery
+	afterCut  bool          // CutAfterReady armed
+	afterWait time.Duration // StallAfterReady armed
+	heldUntil time.Time     // the next Reads wait until then
+	held      []byte        // bytes read behind the ReadyForQuery, not yet returned
 }
 
 // Port returns the port the connection was wrapped for (the server's port).
@@ -116,6 +147,10 @@ func (c *Conn) Arm(f Fault) {
 		c.reset = true
 	case Stall:
 		c.stall = f.Delay
+	case CutAfterReady:
+		c.afterCut = true
+	case StallAfterReady:
+		c.afterWait = f.Delay
 	}
 }
 
@@ -123,6 +158,7 @@ func (c *Conn) Arm(f Fault) {
 func (c *Conn) Disarm() {
 	c.mu.Lock()
 	c.writeLeft, c.readLeft, c.reset, c.stall = -1, -1, false, 0
+	c.afterCut, c.afterWait = false, 0
 	c.mu.Unlock()
 }
 
@@ -130,7 +166,7 @@ func (c *Conn) Disarm() {
 func (c *Conn) Armed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.writeLeft >= 0 || c.readLeft >= 0 || c.reset || c.stall > 0
+	return c.writeLeft >= 0 || c.readLeft >= 0 || c.reset || c.stall > 0 || c.afterCut || c.afterWait > 0
 }
 
 // Reset closes c at once with a TCP reset (when the underlying connection is
@@ -242,6 +278,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if err := c.before(false); err != nil {
 		return 0, err
 	}
+	if n, err, done := c.afterReady(p); done {
+		return n, err
+	}
 	c.mu.Lock()
 	left := c.readLeft
 	if left == 0 {
@@ -256,15 +295,92 @@ func (c *Conn) Read(p []byte) (int, error) {
 		p = p[:left]
 	}
 	n, err := c.Conn.Read(p)
-	if left > 0 {
-		c.mu.Lock()
-		// Only if no new fault was armed meanwhile.
-		if c.readLeft == left {
-			c.readLeft -= n
-		}
-		c.mu.Unlock()
+	c.mu.Lock()
+	if left > 0 && c.readLeft == left { // only if no new fault was armed meanwhile
+		c.readLeft -= n
+	}
+	n, fired := c.frame(p, n)
+	c.mu.Unlock()
+	if fired != 0 {
+		c.nw.fire(c, fired)
+	}
+	if fired == CutAfterReady {
+		c.abort(false)
 	}
 	return n, err
+}
+
+// afterReady serves a Read while an AfterReady fault that fired is still
+// in effect: the cut, the wait, the bytes held back. done is false when
+// nothing is.
+func (c *Conn) afterReady(p []byte) (n int, err error, done bool) {
+	c.mu.Lock()
+	until := c.heldUntil
+	c.mu.Unlock()
+	if !until.IsZero() {
+		if d := time.Until(until); d > 0 {
+			if err := c.sleep(d, false); err != nil {
+				return 0, err, true
+			}
+		}
+		c.mu.Lock()
+		c.heldUntil = time.Time{}
+		c.mu.Unlock()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.held) == 0 {
+		return 0, nil, false
+	}
+	n = copy(p, c.held)
+	c.held = c.held[n:]
+	return n, nil, true
+}
+
+// frame follows the server's message framing over the n bytes just read
+// into p and returns how many of them the Read returns (all of them,
+// unless an AfterReady fault fires at a ReadyForQuery that ends before the
+// last), and the kind that fired, if one did. Call it with c.mu held.
+func (c *Conn) frame(p []byte, n int) (int, Kind) {
+	for i := 0; i < n; {
+		if c.frN < 5 {
+			c.frHdr[c.frN] = p[i]
+			c.frN++
+			i++
+			if c.frN < 5 {
+				continue
+			}
+			c.frLeft = int(uint32(c.frHdr[1])<<24|uint32(c.frHdr[2])<<16|uint32(c.frHdr[3])<<8|uint32(c.frHdr[4])) - 4
+		}
+		k := min(c.frLeft, n-i)
+		i += k
+		c.frLeft -= k
+		if c.frLeft > 0 {
+			continue
+		}
+		c.frN = 0 // the message ends at i
+		if c.frHdr[0] == 'C' {
+			c.frDone = true
+		}
+		if c.frHdr[0] != 'Z' {
+			continue
+		}
+		done := c.frDone
+		c.frDone = false
+		if !done || !c.afterCut && c.afterWait == 0 {
+			continue
+		}
+		if c.afterCut {
+			c.afterCut = false
+			return i, CutAfterReady // what came behind it is lost
+		}
+		c.heldUntil = time.Now().Add(c.afterWait)
+		c.afterWait = 0
+		c.held = append(c.held[:0], p[i:n]...)
+		c.frame(p[i:n], n-i) // (the held bytes' framing; nothing is armed now)
+		return i, StallAfterReady
+	}
+	return n, 0
 }
 
 // SetDeadline implements net.Conn; a stall in progress sees the change.
@@ -298,6 +414,17 @@ func (c *Conn) setDeadlines(t time.Time, r, w bool) {
 	c.mu.Unlock()
 }
 
+// SyscallConn returns the underlying connection's raw connection, when it
+// has one, so that code looking at the socket (a non-blocking peek) sees
+// what a connection cut by a fault shows: a closed descriptor.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("faultnet: the underlying connection has no raw connection")
+	}
+	return sc.SyscallConn()
+}
+
 // Close implements net.Conn and forgets c in its Network.
 func (c *Conn) Close() error {
 	c.mu.Lock()
@@ -316,7 +443,7 @@ type Network struct {
 	mu     sync.Mutex
 	conns  map[*Conn]struct{}
 	byAddr map[string]*Conn
-	fired  [Stall + 1]atomic.Int64
+	fired  [StallAfterReady + 1]atomic.Int64
 
 	// OnFire, when set before any connection is wrapped, is called (from
 	// the goroutine doing the I/O, or calling Reset) each time a fault
@@ -403,7 +530,7 @@ func (n *Network) DisarmAll() {
 
 // Fired returns how many faults of kind k have fired so far.
 func (n *Network) Fired(k Kind) int64 {
-	if k == 0 || k > Stall {
+	if k == 0 || k > StallAfterReady {
 		return 0
 	}
 	return n.fired[k].Load()

@@ -200,3 +200,78 @@ func TestNetworkTracking(t *testing.T) {
 		t.Fatal("closed conn still tracked")
 	}
 }
+
+// msg encodes one backend message.
+func msg(typ byte, body string) []byte {
+	n := len(body) + 4
+	return append([]byte{typ, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, body...)
+}
+
+// readAll reads c until an error or want bytes, one small buffer at a time
+// (so messages and the ReadyForQuery are split across Reads).
+func readAll(c *Conn, want int, size int) ([]byte, error) {
+	buf := make([]byte, size)
+	var got []byte
+	for len(got) < want {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			return got, err
+		}
+	}
+	return got, nil
+}
+
+func TestAfterReady(t *testing.T) {
+	// A Parse and Describe's answer comes first: it completes no statement.
+	before := append(append(msg('1', ""), msg('n', "")...), msg('Z', "I")...)
+	before = append(append(append(before, msg('2', "")...), msg('C', "INSERT 0 1\x00")...), msg('Z', "I")...)
+	behind := append(msg('D', "\x00\x01\x00\x00\x00\x030/1"), msg('Z', "I")...)
+	startup := append(msg('R', "\x00\x00\x00\x00"), msg('Z', "I")...)
+	for _, size := range []int{1, 3, 7, 4096} {
+		// Cut: what follows the next ReadyForQuery is lost.
+		nw := New()
+		c, srv := pair(t, nw)
+		srv.Write(startup)
+		if got, err := readAll(c, len(startup), size); err != nil || string(got) != string(startup) {
+			t.Fatalf("size %d: startup %q, %v", size, got, err)
+		}
+		c.Arm(Fault{Kind: CutAfterReady})
+		srv.Write(append(append([]byte{}, before...), behind...))
+		got, err := readAll(c, len(before)+len(behind), size)
+		if string(got) != string(before) || !errors.Is(err, ErrInjected) || nw.Fired(CutAfterReady) != 1 {
+			t.Fatalf("size %d: cut: read %q, err %v, fired %d", size, got, err, nw.Fired(CutAfterReady))
+		}
+		// Stall: it comes, Delay later.
+		nw = New()
+		c, srv = pair(t, nw)
+		srv.Write(startup)
+		readAll(c, len(startup), size)
+		c.Arm(Fault{Kind: StallAfterReady, Delay: 150 * time.Millisecond})
+		srv.Write(append(append([]byte{}, before...), behind...))
+		got, err = readAll(c, len(before), size)
+		if err != nil || string(got) != string(before) {
+			t.Fatalf("size %d: stall: read %q, %v", size, got, err)
+		}
+		start := time.Now()
+		got, err = readAll(c, len(behind), size)
+		if took := time.Since(start); err != nil || string(got) != string(behind) || took < 140*time.Millisecond {
+			t.Fatalf("size %d: stall: behind %q, %v, after %v", size, got, err, took)
+		}
+		// A deadline ends the wait; the bytes still come after it.
+		c.Arm(Fault{Kind: StallAfterReady, Delay: 200 * time.Millisecond})
+		srv.Write(append(append([]byte{}, before...), behind...))
+		readAll(c, len(before), size)
+		c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 10)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("size %d: stall past the deadline: %v", size, err)
+		}
+		c.SetReadDeadline(time.Time{})
+		if got, err := readAll(c, len(behind), size); err != nil || string(got) != string(behind) {
+			t.Fatalf("size %d: after the deadline: %q, %v", size, got, err)
+		}
+		if nw.Fired(StallAfterReady) != 2 || c.Armed() {
+			t.Fatalf("size %d: fired %d, armed %v", size, nw.Fired(StallAfterReady), c.Armed())
+		}
+	}
+}
