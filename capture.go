@@ -294,8 +294,28 @@ func (cn *Conn) markLostFor(cs *Session, commit bool) {
 		cn.c.db.markLost()
 	}
 	if commit && cs != nil {
+		cs.by.Store(cn.c)
 		cs.markLost()
 	}
+}
+
+// freshPosition reads the primary's position on a connection of its own:
+// for a Session's token, when a commit's position was lost (it covers
+// every commit that returned before it).
+func (c *Connector) freshPosition(ctx context.Context) (generation, lsn.LSN, error) {
+	dc, err := c.dial(ctx, c.topo.primary)
+	if err != nil {
+		return generation{}, 0, err
+	}
+	b := newBackend(dc, c.topo.primary)
+	defer b.close()
+	p, err := capture(ctx, b)
+	if err != nil {
+		c.stats.captureFailures.Add(1)
+		return generation{}, 0, err
+	}
+	c.stats.captures.Add(1)
+	return c.genAt(ctx, b, p.tli), p.lsn, nil
 }
 
 // advance raises the watermarks this connection answers to after a possible
@@ -367,26 +387,34 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 			return 0, err
 		}
 	}
-	if db {
-		if err := cn.c.inflight.settleBut(ctx, skip); err != nil {
-			return 0, err
-		}
-	}
-	if cs := SessionFrom(ctx); cs != nil {
-		if err := cs.inflight.settleBut(ctx, skip); err != nil {
-			return 0, err
-		}
-	}
+	// Other connections' captures: one that is late counts as lost here.
 	cs := SessionFrom(ctx)
-	_, connLost := cn.sess.pending()
-	dbLost, csLost := false, false
+	dbLate, csLate := false, false
 	if db {
+		late, err := cn.c.inflight.settleOthers(ctx, skip)
+		if err != nil {
+			return 0, err
+		}
+		dbLate = late
+	}
+	if cs != nil {
+		late, err := cs.inflight.settleOthers(ctx, skip)
+		if err != nil {
+			return 0, err
+		}
+		csLate = late
+	}
+	_, connLost := cn.sess.pending()
+	dbLost, csLost := dbLate, csLate
+	if db && !dbLost {
 		_, dbLost = cn.c.db.pending()
 	}
 	var csGen generation
 	var csPos lsn.LSN
 	if cs != nil {
-		_, csLost = cs.pending()
+		if !csLost {
+			_, csLost = cs.pending()
+		}
 		csGen, csPos = cs.position()
 	}
 	var gen generation

@@ -77,6 +77,34 @@ func (s *pendingSet) remove(p *pendingCapture) {
 // settle settles every capture in the set, within ctx.
 func (s *pendingSet) settle(ctx context.Context) error { return s.settleBut(ctx, nil) }
 
+// othersWait bounds how long a read waits for the answers to captures
+// pending on other connections (the pool's, a Session's). They normally
+// come within microseconds of their statements' ReadyForQuery; one that
+// has not come by then (its bytes stalled, or its connection is dying
+// unseen) is not waited for beyond it: the write it belongs to had
+// returned, so a position read now on the reader's own connection covers
+// it (settleOthers).
+const othersWait = 50 * time.Millisecond
+
+// settleOthers settles the set's captures but skip, each within ctx and
+// othersWait. It reports whether one was still on its way then: the
+// caller reads a fresh position instead, which covers it. An error is
+// ctx's own.
+func (s *pendingSet) settleOthers(ctx context.Context, skip *pendingCapture) (late bool, err error) {
+	if s.n.Load() == 0 {
+		return false, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, othersWait)
+	defer cancel()
+	if err := s.settleBut(wctx, skip); err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
 // settleBut settles every capture in the set but skip, within ctx.
 func (s *pendingSet) settleBut(ctx context.Context, skip *pendingCapture) error {
 	if s.n.Load() == 0 {
@@ -121,6 +149,7 @@ func (cn *Conn) deferCapture(ctx context.Context, ws *primaryStmt, err error, wr
 			cn.c.inflight.add(p)
 		}
 		if cs != nil {
+			cs.by.Store(cn.c)
 			cs.inflight.add(p)
 		}
 	}
@@ -202,10 +231,16 @@ func (p *pendingCapture) ready() bool {
 // settle reads p's answer, within ctx, and applies it. When ctx ends first
 // p stays pending (whoever needs it next settles it) and ctx's error is
 // returned.
+//
+// p.mu is not held while the answer is awaited (wire.Await lets several
+// wait at once, each within its own context): a reader with a short
+// deadline must not queue behind one with a long one, such as the
+// monitor's.
 func (p *pendingCapture) settle(ctx context.Context) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.settled {
+	settled := p.settled
+	p.mu.Unlock()
+	if settled {
 		return nil
 	}
 	// Only the wire layer's view of the connection (the injection's
@@ -215,6 +250,11 @@ func (p *pendingCapture) settle(ctx context.Context) error {
 		if err := p.b.wire.Await(ctx, p.inj); err != nil && ctx.Err() != nil {
 			return ctx.Err()
 		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.settled {
+		return nil
 	}
 	p.markSettled()
 	p.cn.applyPending(p)

@@ -58,3 +58,12 @@ func HoldWaits(c *Connector, i, n int) (release func()) {
 	c.topo.replicas[i].waits.Add(int64(n))
 	return func() { c.topo.replicas[i].waits.Add(-int64(n)) }
 }
+
+// PrimaryAddr returns the local address of cn's primary connection (nil
+// when it has no wire layer).
+func PrimaryAddr(cn *Conn) net.Addr {
+	if cn.primary == nil || cn.primary.wire == nil {
+		return nil
+	}
+	return cn.primary.wire.LocalAddr()
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/pgryw/pgryw/internal/lsn"
 	"github.com/pgryw/pgryw/internal/token"
@@ -52,6 +53,9 @@ type Session struct {
 	// inflight: captures of this Session's possible commits whose answers
 	// were still on their way when the statements returned (deferred.go).
 	inflight pendingSet
+	// by: the connector of the Session's last possible commit, which a
+	// token asks for a fresh position when that commit's was lost.
+	by atomic.Pointer[Connector]
 }
 
 // generation names one history of the primary: its system identifier and
@@ -155,19 +159,50 @@ func (s *Session) position() (generation, lsn.LSN) {
 // URL, an HTTP header, a cookie or a job payload (signed when the Session
 // has keys), or "" before the session has a position. Another Session, in
 // this process or another, takes it in with Observe.
+//
+// A commit of the Session's whose position did not arrive (its capture's
+// answer is late, or its connection broke right after the commit's answer)
+// is covered with a position read afresh on a new connection to the
+// primary; when that fails too, the token is the last position known,
+// which may not cover that commit. TokenContext bounds the wait and says
+// so.
 func (s *Session) Token() string {
+	ctx, cancel := context.WithTimeout(context.Background(), tokenTimeout)
+	defer cancel()
+	t, _ := s.TokenContext(ctx)
+	return t
+}
+
+// tokenTimeout bounds Token's wait for a position it must read afresh.
+const tokenTimeout = 5 * time.Second
+
+// TokenContext is Token within ctx. Its error says that a commit's
+// position could not be read (ctx ended, or the primary could not be
+// reached) and the token returned, the last position known, may not cover
+// it.
+func (s *Session) TokenContext(ctx context.Context) (string, error) {
 	// Writes that returned before their positions arrived (deferred.go).
-	s.inflight.settle(context.Background())
+	late, err := s.inflight.settleOthers(ctx, nil)
+	if seen, lost := s.pending(); err == nil && (late || lost) {
+		if c := s.by.Load(); c != nil {
+			var gen generation
+			var l lsn.LSN
+			if gen, l, err = c.freshPosition(ctx); err == nil {
+				s.advanceAt(gen, l)
+				s.cover(seen)
+			}
+		}
+	}
 	s.mu.Lock()
 	t, keys := s.token(), s.keys
 	s.mu.Unlock()
 	switch {
 	case t.LSN == 0:
-		return ""
+		return "", err
 	case len(keys) > 0:
-		return token.Sign(t, keys[0])
+		return token.Sign(t, keys[0]), err
 	}
-	return t.String()
+	return t.String(), err
 }
 
 // token returns the position as a token.Token. Call it with s.mu held.

@@ -1,0 +1,142 @@
+package pgryw_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/faultnet"
+	"github.com/pgryw/pgryw/internal/pgtest"
+)
+
+// A fault right after a write's ReadyForQuery: the write's answer came
+// whole, the position pgryw reads behind it did not (the connection was cut
+// there, or its bytes stalled). The write counts as done, as with pgx; the
+// session's later reads, other connections' reads, a token taken then and
+// the caller's deadlines are as if nothing had happened.
+
+// primaryConnOf returns the faultnet connection under conn's primary.
+func primaryConnOf(t *testing.T, nw *faultnet.Network, conn *sql.Conn) *faultnet.Conn {
+	t.Helper()
+	var fc *faultnet.Conn
+	conn.Raw(func(dc any) error {
+		if a := pgryw.PrimaryAddr(dc.(*pgryw.Conn)); a != nil {
+			fc = nw.Lookup(a)
+		}
+		return nil
+	})
+	if fc == nil {
+		t.Fatal("no primary connection under the sql.Conn")
+	}
+	return fc
+}
+
+func openFaultNet(t *testing.T, extra string) (*sql.DB, *pgryw.Connector, *faultnet.Network) {
+	t.Helper()
+	db, c := openDB(t, extra)
+	nw := faultnet.New()
+	pgryw.SetNetHook(c, nw.Wrap)
+	return db, c, nw
+}
+
+func TestIntegrationFaultAfterWriteAnswer(t *testing.T) {
+	pgtest.Require(t, cluster)
+	setDelay(t, 300*time.Millisecond)
+	table := newTable(t)
+	for _, mode := range []string{"cache_statement", "simple_protocol"} {
+		for _, kind := range []faultnet.Kind{faultnet.CutAfterReady, faultnet.StallAfterReady} {
+			t.Run(mode+"/"+kind.String(), func(t *testing.T) {
+				faultAfterWrite(t, table, mode, kind)
+			})
+		}
+	}
+}
+
+var faultAfterWriteID int
+
+func faultAfterWrite(t *testing.T, table, mode string, kind faultnet.Kind) {
+	ctx := context.Background()
+	db, c, nw := openFaultNet(t, "wait_timeout=2s&default_query_exec_mode="+mode)
+	a, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// Both connections have read once, and know their replicas.
+	for _, conn := range []*sql.Conn{a, b} {
+		var n int
+		if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sess := pgryw.NewSession()
+	sctx := pgryw.WithSession(ctx, sess)
+	faultAfterWriteID++
+	id := faultAfterWriteID
+	primaryConnOf(t, nw, a).Arm(faultnet.Fault{Kind: kind, Delay: 3 * time.Second})
+	start := time.Now()
+	res, err := a.ExecContext(sctx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 1)", table, id))
+	if err != nil {
+		t.Fatalf("the write, whose answer came whole: %v", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		t.Fatalf("rows affected %d", n)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("the write returned after %v", took)
+	}
+	if nw.Fired(kind) != 1 {
+		t.Fatalf("the fault fired %d times", nw.Fired(kind))
+	}
+	seen := func(who string, q interface {
+		QueryRowContext(context.Context, string, ...any) *sql.Row
+	}, ctx context.Context, limit time.Duration) {
+		t.Helper()
+		dctx, cancel := context.WithTimeout(ctx, limit)
+		defer cancel()
+		start := time.Now()
+		var n int
+		err := q.QueryRowContext(dctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE id = %d", table, id)).Scan(&n)
+		took := time.Since(start)
+		switch {
+		case q == any(a) && kind == faultnet.CutAfterReady && errors.Is(err, driver.ErrBadConn):
+			// Its connection is gone, as pgx's would be: database/sql
+			// cannot give a sql.Conn another.
+		case q == any(a) && kind == faultnet.StallAfterReady && errors.Is(err, context.DeadlineExceeded):
+			// Everything after the stalled bytes on its connection comes
+			// late, pgx's answers too.
+		case err != nil || n != 1:
+			t.Errorf("%s: %d rows, %v (after %v)", who, n, err, took)
+		}
+		if took > limit+100*time.Millisecond {
+			t.Errorf("%s: returned after %v, deadline %v", who, took, limit)
+		}
+	}
+	// A token taken now carries the write: another process (here a pool
+	// that shares nothing with this one) reads it after observing it.
+	tokStart := time.Now()
+	tok := sess.Token()
+	t.Logf("Token() took %v: %q; stats %+v", time.Since(tokStart), tok, c.Stats())
+	other, _ := openDB(t, "session_scope=conn&wait_timeout=2s")
+	s2 := pgryw.NewSession()
+	if err := s2.Observe(tok); err != nil {
+		t.Fatal(err)
+	}
+	seen("another process, with the token", other, pgryw.WithSession(ctx, s2), 2500*time.Millisecond)
+	// Another connection of the pool (session_scope=db), at once.
+	seen("another connection", b, ctx, 500*time.Millisecond)
+	// The writing connection itself, within a deadline shorter than the stall.
+	seen("the writing connection", a, ctx, 500*time.Millisecond)
+	// The pool.
+	seen("the pool", db, ctx, 500*time.Millisecond)
+}
