@@ -158,9 +158,21 @@ var transparencyIntended = []tpIntended{
 			return pgx.err == "" && ryw.err != "" && !strings.HasPrefix(ryw.err, "SQLSTATE ") && prog[i].op == "query" && tpFaultsFired.Load() > 0
 		},
 	},
+	{
+		id:  "replica-killed",
+		why: "not a difference of pgryw's: while the checker has a replica stopped, the primary's pg_stat_replication lists one standby fewer",
+		accept: func(prog []tpStep, i int, pgx, ryw tpResult) bool {
+			return tpKills.Load() > 0 && strings.Contains(prog[i].sql, "pg_stat_replication")
+		},
+	},
 }
 
-// tpFaultsFired counts connection faults that fired in the pgryw run under
+// tpKills counts the replicas the checker stopped in the pgryw run under
+// way.
+var tpKills, tpKillsTotal atomic.Int64
+
+// tpFaultsFired counts replica faults (connection faults, kills) that fired
+// in the pgryw run under
 // way (tpRun resets it per program).
 var tpFaultsFired atomic.Int64
 
@@ -229,7 +241,11 @@ func TestTransparency(t *testing.T) {
 	fmt.Fprintf(os.Stderr, "transparency: seed %d\n", seed)
 	t.Logf("transparency: seed %d", seed)
 	r := &tpRun{t: t, seed: seed, nw: faultnet.New(), faults: os.Getenv("PGRYW_TRANSPARENCY_FAULTS") != "off"}
-	r.nw.OnFire = func(*faultnet.Conn, faultnet.Kind) { tpFaultsFired.Add(1) }
+	r.nw.OnFire = func(c *faultnet.Conn, _ faultnet.Kind) {
+		if c.Port() != tpPrimaryPort() {
+			tpFaultsFired.Add(1) // a primary fault must not show at all
+		}
+	}
 	r.setup()
 	setDelay(t, 30*time.Millisecond)
 
@@ -269,7 +285,11 @@ func TestTransparency(t *testing.T) {
 			t.Fatal(b.String())
 		}
 	}
-	t.Logf("transparency: %d steps, no difference; faults %v", steps, r.faults)
+	var fired []string
+	for k := faultnet.CutWrite; k <= faultnet.StallAfterReady; k++ {
+		fired = append(fired, fmt.Sprintf("%s %d", k, r.nw.Fired(k)))
+	}
+	t.Logf("transparency: %d steps, no difference; faults %v (fired: %s; replicas stopped %d)", steps, r.faults, strings.Join(fired, ", "), tpKillsTotal.Load())
 }
 
 // setup creates the two databases and the role.
@@ -334,6 +354,8 @@ type tpSide struct {
 	sentinel int
 	txOpen   *atomic.Int32   // transactions and blocks open: no connection is cut meanwhile
 	opening  func()          // counts a transaction about to open, and disarms pending faults (pgryw's side)
+	poolExec func()          // runs before each of the pool's Execs (pgryw's side: may arm a primary fault)
+	held     map[string]bool // the local addresses of the sessions' primary connections (pgryw's side)
 	life     context.Context // the program's: transactions begin with it
 	end      context.CancelFunc
 	block    [tpSessions]bool
@@ -361,7 +383,11 @@ func (r *tpRun) open(i int, extra string) (*tpSide, error) {
 		s.opening = func() {
 			r.faultMu.Lock()
 			r.txOpen.Add(1)
-			r.nw.DisarmAll()
+			for _, c := range r.nw.Conns(0) {
+				if c.Port() != tpPrimaryPort() { // (the primary's faults cannot show)
+					c.Disarm()
+				}
+			}
 			r.faultMu.Unlock()
 		}
 	}
@@ -394,10 +420,19 @@ func (r *tpRun) open(i int, extra string) (*tpSide, error) {
 		s.close()
 		return nil, err
 	}
+	s.held = map[string]bool{}
 	for k := range s.conns {
 		if s.conns[k], err = s.db.Conn(ctx); err != nil {
 			s.close()
 			return nil, err
+		}
+		if i == 1 {
+			s.conns[k].Raw(func(dc any) error {
+				if a := pgryw.PrimaryAddr(dc.(*pgryw.Conn)); a != nil {
+					s.held[a.String()] = true
+				}
+				return nil
+			})
 		}
 	}
 	return s, nil
@@ -452,6 +487,9 @@ func (s *tpSide) run(st tpStep) tpResult {
 	case "exec":
 		if st.sess >= 0 && s.txs[st.sess] == nil {
 			s.noteBlock(st)
+		}
+		if st.sess < 0 && s.poolExec != nil {
+			s.poolExec()
 		}
 		r, err := q.ExecContext(ctx, st.sql, st.args...)
 		res.err = errText(err)
@@ -672,8 +710,11 @@ func (r *tpRun) compare(prog []tpStep, extra string, pseed int64) (int, tpResult
 		}
 		var stopFaults func()
 		tpFaultsFired.Store(0)
+		tpKills.Store(0)
 		if side == 1 && r.faults {
 			stopFaults = r.startFaults(pseed)
+			rng := rand.New(rand.NewPCG(uint64(pseed), 7))
+			s.poolExec = func() { r.armPoolFault(s, rng) }
 		}
 		for _, st := range prog {
 			res := s.run(st)
@@ -729,9 +770,11 @@ func (r *tpRun) minimize(prog []tpStep, extra string, pseed int64) []tpStep {
 	return prog
 }
 
-// startFaults injects faults into the replicas while a program runs on
-// pgryw: replay paused and resumed, replica connections cut, reset or
-// stalled. It returns a function that stops them and heals the cluster.
+// startFaults injects faults while a program runs on pgryw: replay paused
+// and resumed, replicas killed (fast shutdown) and started again, replica
+// connections cut, reset or stalled, primary connections stalled (at any
+// time, or right after a ReadyForQuery, where a write's position answer
+// comes). It returns a function that stops them and heals the cluster.
 func (r *tpRun) startFaults(pseed int64) func() {
 	rng := rand.New(rand.NewPCG(uint64(pseed), 99))
 	stop := make(chan struct{})
@@ -745,20 +788,35 @@ func (r *tpRun) startFaults(pseed int64) func() {
 	go func() {
 		defer close(done)
 		ctx := context.Background()
-		paused := -1
+		paused, killed := -1, -1
+		var killedAt time.Time
 		for {
 			select {
 			case <-stop:
 				if paused >= 0 {
 					cluster.ResumeReplay(ctx, paused)
 				}
+				if killed >= 0 {
+					if err := cluster.StartNode(killed); err != nil {
+						r.t.Errorf("transparency: restart replica %d: %v", killed, err)
+					}
+				}
 				return
 			case <-time.After(time.Duration(5+rng.IntN(40)) * time.Millisecond):
 			}
-			switch x := rng.IntN(10); {
+			if killed >= 0 && time.Since(killedAt) > 150*time.Millisecond {
+				if err := cluster.StartNode(killed); err != nil {
+					r.t.Errorf("transparency: restart replica %d: %v", killed, err)
+				}
+				killed = -1
+			}
+			switch x := rng.IntN(12); {
 			case x < 2:
 				if paused < 0 {
-					paused = rng.IntN(len(cluster.Replicas))
+					if paused = rng.IntN(len(cluster.Replicas)); paused == killed {
+						paused = -1
+						break
+					}
 					cluster.PauseReplay(ctx, paused)
 				} else {
 					cluster.ResumeReplay(ctx, paused)
@@ -775,6 +833,30 @@ func (r *tpRun) startFaults(pseed int64) func() {
 					}
 				}
 				r.faultMu.Unlock()
+			case x < 7:
+				// A stall, on the primary, changes nothing but when.
+				f := faultnet.Fault{Kind: faultnet.Stall, Delay: time.Duration(5+rng.IntN(100)) * time.Millisecond}
+				if rng.IntN(2) == 0 {
+					f.Kind = faultnet.StallAfterReady
+				}
+				if cs := r.nw.Conns(tpPrimaryPort()); len(cs) > 0 {
+					cs[rng.IntN(len(cs))].Arm(f)
+				}
+			case x < 9 && killed < 0 && cluster.Bouncers() == nil:
+				// Killed only while no transaction is open, as with cuts;
+				// one that begins while it is down goes elsewhere.
+				i := rng.IntN(len(cluster.Replicas))
+				r.faultMu.Lock()
+				if r.txOpen.Load() == 0 && i != paused {
+					if err := cluster.StopNode(i); err != nil {
+						r.t.Errorf("transparency: stop replica %d: %v", i, err)
+					}
+					killed, killedAt = i, time.Now()
+					tpFaultsFired.Add(1)
+					tpKills.Add(1)
+					tpKillsTotal.Add(1)
+				}
+				r.faultMu.Unlock()
 			}
 		}
 	}()
@@ -789,6 +871,37 @@ func (r *tpRun) startFaults(pseed int64) func() {
 		}
 	}
 }
+
+// armPoolFault may arm, before one of the pool's Execs on pgryw's side, a
+// cut or a stall right after the next ReadyForQuery on every primary
+// connection that no session holds: a write's answer comes whole, and the
+// position pgryw reads behind it is lost or late. database/sql discards a
+// broken pool connection and tries another, so nothing of it may show: the
+// write counts as done, and later reads still see it.
+func (r *tpRun) armPoolFault(s *tpSide, rng *rand.Rand) {
+	if rng.IntN(2) != 0 {
+		return
+	}
+	f := faultnet.Fault{Kind: faultnet.CutAfterReady}
+	if rng.IntN(3) == 0 {
+		f = faultnet.Fault{Kind: faultnet.StallAfterReady, Delay: time.Duration(20+rng.IntN(300)) * time.Millisecond}
+	}
+	for _, c := range r.nw.Conns(tpPrimaryPort()) {
+		if !s.held[c.LocalAddr().String()] {
+			c.Arm(f)
+		}
+	}
+}
+
+// tpPrimaryPort is the port pgryw's primary connections go to (a bouncer's
+// when the cluster has them).
+var tpPrimaryPort = sync.OnceValue(func() uint16 {
+	cfg, err := pgx.ParseConfig(cluster.WriterDSN())
+	if err != nil {
+		panic(err)
+	}
+	return cfg.Port
+})
 
 // The grammar.
 
@@ -874,7 +987,7 @@ func (g *tpGen) step() {
 	s := g.rng.IntN(tpSessions)
 	x := g.rng.IntN(100)
 	switch {
-	case x < 4: // the pool: stateless statements only
+	case x < 6: // the pool: stateless statements only
 		if g.rng.IntN(2) == 0 {
 			g.add(tpStep{sess: -1, op: "exec", sql: "INSERT INTO t VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET v = t.v + 1", args: []any{g.id(-1), int64(1)}})
 		} else {
