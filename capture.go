@@ -85,6 +85,9 @@ func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, 
 		w.forgetPrepared()
 	}
 	ws.reset = cn.armReset()
+	if cn.c.cfg.ResetSession && !cn.opaqueCall && cn.c.callsVolatile(cls) {
+		cn.opaqueCall = true
+	}
 	if cn.c.cfg.ReadYourWrites {
 		ws.commits = commits
 		ws.seen = cn.lostSeen(ctx)
@@ -449,7 +452,11 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 		if csPos > 0 {
 			// The capture may be the first position of a new writer.
 			gen = cn.c.genAt(ctx, cn.primary, p.tli)
-			foreign = csGen != gen && !newer(csGen, gen)
+			// A later timeline of this system than the writer's own is
+			// kept only from a signed token (issued after a real commit,
+			// by a writer this one has not caught up with); an unsigned
+			// one may be forged, and would make every read wait.
+			foreign = csGen != gen && (!newer(csGen, gen) || !cs.signed())
 		}
 		switch {
 		case foreign:
