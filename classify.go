@@ -100,6 +100,21 @@ func (c *Connector) readOnly(r *sqlclass.Result) bool {
 	return true
 }
 
+// callsVolatile reports whether a statement calls a function of the
+// database's that is not known to be read-only: what it does to the
+// session may go beyond what its code shows (sqlclass.BodyEffects).
+func (c *Connector) callsVolatile(r *sqlclass.Result) bool {
+	for _, f := range r.Funcs {
+		if c.forcedRead(f) {
+			continue
+		}
+		if ro, ok := c.funcs.lookup(f); !ok || !ro {
+			return true
+		}
+	}
+	return false
+}
+
 // mayWrite reports whether a statement that runs on the primary may change
 // data that later reads must see once it commits: it writes, or it calls a
 // function not known to be read-only. Transaction control and statements

@@ -44,6 +44,11 @@ type Conn struct {
 	// resetPending: reset_session's reset rides in front of the next
 	// statement on the primary.
 	resetPending bool
+	// opaqueCall: with reset_session, a statement on the primary called a
+	// volatile function of the database's, whose effects on the session
+	// pgryw cannot fully see (through other functions, in other
+	// languages): the connection is reset for its next user.
+	opaqueCall bool
 
 	// checkDue: database/sql has handed the connection out again, and
 	// nothing has been sent on the primary connection since

@@ -303,9 +303,10 @@ const sqlReset = "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLIS
 // Replica connections are given the clean settings with their next read.
 func (cn *Conn) resetState(ctx context.Context) error {
 	set := &cn.sess.set
-	if cn.pins&^pinPermanent == 0 && len(set.names) == 0 && len(set.tracked) == 0 {
+	if cn.pins&^pinPermanent == 0 && len(set.names) == 0 && len(set.tracked) == 0 && !cn.opaqueCall {
 		return nil
 	}
+	cn.opaqueCall = false
 	w := cn.primary
 	if w.wire == nil {
 		return nil
