@@ -23,6 +23,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -51,9 +52,11 @@ const (
 	// it with os.ErrDeadlineExceeded, and Close with net.ErrClosed.
 	Stall
 	// CutAfterReady lets the server's bytes through up to the end of the
-	// next ReadyForQuery that ends the answer to a completed statement (a
-	// CommandComplete came since the last ReadyForQuery: not the answer to
-	// a Parse and Describe alone) and closes the connection there, as a
+	// next ReadyForQuery that ends the answer to a data-changing statement
+	// (a CommandComplete tagged INSERT, UPDATE, DELETE, MERGE or COPY came
+	// since the last ReadyForQuery: not the answer to a Parse and Describe,
+	// nor to a SELECT, such as a driver's own position query behind the
+	// write) and closes the connection there, as a
 	// server or network failing at that moment would: what came behind it
 	// is lost, and the next Read returns ErrInjected. (The connection must
 	// carry the PostgreSQL protocol from its first byte, as one wrapped in
@@ -122,9 +125,11 @@ type Conn struct {
 	// The server's message framing, followed across Reads, for the
 	// AfterReady kinds.
 	frHdr     [5]byte
-	frN       int           // header bytes seen of the current message
-	frLeft    int           // body bytes still to come of the current message
-	frDone    bool          // a CommandComplete came since the last ReadyForQuery
+	frN       int     // header bytes seen of the current message
+	frLeft    int     // body bytes still to come of the current message
+	frDone    bool    // a data-changing statement's CommandComplete came since the last ReadyForQuery
+	frTag     [6]byte // the first bytes of the current CommandComplete's tag
+	frTagN    int
 	afterCut  bool          // CutAfterReady armed
 	afterWait time.Duration // StallAfterReady armed
 	heldUntil time.Time     // the next Reads wait until then
@@ -353,6 +358,9 @@ func (c *Conn) frame(p []byte, n int) (int, Kind) {
 			c.frLeft = int(uint32(c.frHdr[1])<<24|uint32(c.frHdr[2])<<16|uint32(c.frHdr[3])<<8|uint32(c.frHdr[4])) - 4
 		}
 		k := min(c.frLeft, n-i)
+		if c.frHdr[0] == 'C' {
+			c.frTagN += copy(c.frTag[c.frTagN:], p[i:i+k])
+		}
 		i += k
 		c.frLeft -= k
 		if c.frLeft > 0 {
@@ -360,7 +368,13 @@ func (c *Conn) frame(p []byte, n int) (int, Kind) {
 		}
 		c.frN = 0 // the message ends at i
 		if c.frHdr[0] == 'C' {
-			c.frDone = true
+			tag := string(c.frTag[:c.frTagN])
+			for _, w := range [...]string{"INSERT", "UPDATE", "DELETE", "MERGE ", "COPY "} {
+				if strings.HasPrefix(tag, w) {
+					c.frDone = true
+				}
+			}
+			c.frTagN = 0
 		}
 		if c.frHdr[0] != 'Z' {
 			continue

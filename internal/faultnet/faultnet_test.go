@@ -223,8 +223,10 @@ func readAll(c *Conn, want int, size int) ([]byte, error) {
 }
 
 func TestAfterReady(t *testing.T) {
-	// A Parse and Describe's answer comes first: it completes no statement.
+	// A Parse and Describe's answer comes first, and a SELECT's: neither
+	// changes data.
 	before := append(append(msg('1', ""), msg('n', "")...), msg('Z', "I")...)
+	before = append(append(append(before, msg('D', "\x00\x01\x00\x00\x00\x011")...), msg('C', "SELECT 1\x00")...), msg('Z', "I")...)
 	before = append(append(append(before, msg('2', "")...), msg('C', "INSERT 0 1\x00")...), msg('Z', "I")...)
 	behind := append(msg('D', "\x00\x01\x00\x00\x00\x030/1"), msg('Z', "I")...)
 	startup := append(msg('R', "\x00\x00\x00\x00"), msg('Z', "I")...)
