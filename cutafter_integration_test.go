@@ -36,6 +36,21 @@ func primaryConnOf(t *testing.T, nw *faultnet.Network, conn *sql.Conn) *faultnet
 	return fc
 }
 
+// sqlConns takes n connections of db, closed with the test.
+func sqlConns(t *testing.T, db *sql.DB, n int) []*sql.Conn {
+	t.Helper()
+	out := make([]*sql.Conn, n)
+	for i := range out {
+		c, err := db.Conn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		out[i] = c
+	}
+	return out
+}
+
 func openFaultNet(t *testing.T, extra string) (*sql.DB, *pgryw.Connector, *faultnet.Network) {
 	t.Helper()
 	db, c := openDB(t, extra)
@@ -62,16 +77,8 @@ var faultAfterWriteID int
 func faultAfterWrite(t *testing.T, table, mode string, kind faultnet.Kind) {
 	ctx := context.Background()
 	db, c, nw := openFaultNet(t, "wait_timeout=2s&default_query_exec_mode="+mode)
-	a, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	cs := sqlConns(t, db, 2)
+	a, b := cs[0], cs[1]
 	// Both connections have read once, and know their replicas.
 	for _, conn := range []*sql.Conn{a, b} {
 		var n int

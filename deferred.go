@@ -45,6 +45,13 @@ type pendingCapture struct {
 	cs      *Session // the statement's context's Session, if any
 	db      bool     // registered with the connector (session_scope=db)
 	settled bool
+	// One goroutine at a time reads the answer (awaiting); the others wait
+	// for done (closed once settled) or for turn (closed, and replaced,
+	// when the one reading gave up at its deadline), each within its own
+	// context.
+	awaiting bool
+	done     chan struct{}
+	turn     chan struct{}
 }
 
 // pendingSet is the captures of possible commits that reads elsewhere may
@@ -207,6 +214,7 @@ func (p *pendingCapture) abandon() {
 	p.markSettled()
 	p.b.captureUnanswered(p.inj)
 	p.cn.markLostFor(p.cs, p.wrote)
+	p.wake()
 }
 
 // markSettled takes p out of the sets that wait for it. Call it with p.mu
@@ -232,33 +240,65 @@ func (p *pendingCapture) ready() bool {
 // p stays pending (whoever needs it next settles it) and ctx's error is
 // returned.
 //
-// p.mu is not held while the answer is awaited (wire.Await lets several
-// wait at once, each within its own context): a reader with a short
-// deadline must not queue behind one with a long one, such as the
-// monitor's.
+// One goroutine reads the answer while the others wait for it, each within
+// its own context: a reader with a short deadline does not queue behind one
+// with a long one (the monitor's), and the injection is not read by one
+// while its connection, settled by another, reuses it.
 func (p *pendingCapture) settle(ctx context.Context) error {
-	p.mu.Lock()
-	settled := p.settled
-	p.mu.Unlock()
-	if settled {
-		return nil
-	}
-	// Only the wire layer's view of the connection (the injection's
-	// accessors take its lock): this may run on another goroutine than
-	// the one using it.
-	if !p.inj.Done() {
-		if err := p.b.wire.Await(ctx, p.inj); err != nil && ctx.Err() != nil {
+	for {
+		p.mu.Lock()
+		if p.settled {
+			p.mu.Unlock()
+			return nil
+		}
+		if p.done == nil {
+			p.done, p.turn = make(chan struct{}), make(chan struct{})
+		}
+		if !p.awaiting {
+			break // with p.mu held
+		}
+		done, turn := p.done, p.turn
+		p.mu.Unlock()
+		select {
+		case <-done:
+			return nil
+		case <-turn: // the one reading gave up: read it here
+		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+	p.awaiting = true
+	p.mu.Unlock()
+	// Only the wire layer's view of the connection (the injection's
+	// accessors take its lock): this may run on another goroutine than
+	// the one using it.
+	var err error
+	if !p.inj.Done() {
+		err = p.b.wire.Await(ctx, p.inj)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.settled {
-		return nil
+	p.awaiting = false
+	if err != nil && ctx.Err() != nil {
+		close(p.turn)
+		p.turn = make(chan struct{})
+		return ctx.Err()
 	}
-	p.markSettled()
-	p.cn.applyPending(p)
+	if !p.settled {
+		p.markSettled()
+		p.cn.applyPending(p)
+		p.wake()
+	}
 	return nil
+}
+
+// wake lets the goroutines waiting for p's answer go on, once it has been
+// applied (so the injection is no longer read here when its connection,
+// back from waiting, reuses it). Call it with p.mu held.
+func (p *pendingCapture) wake() {
+	if p.done != nil {
+		close(p.done)
+	}
 }
 
 // applyPending does with a settled capture what afterPrimary does with one

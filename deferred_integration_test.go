@@ -19,16 +19,8 @@ func TestIntegrationDeferredCaptureSeenElsewhere(t *testing.T) {
 	table := newTable(t)
 	ctx := context.Background()
 	db, c := openDB(t, "")
-	a, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	cs := sqlConns(t, db, 2)
+	a, b := cs[0], cs[1]
 	insert := fmt.Sprintf("INSERT INTO %s (id, v) VALUES ($1, 1)", table)
 	for i := 1; i <= 10; i++ {
 		if _, err := a.ExecContext(ctx, insert, i); err != nil {

@@ -209,28 +209,9 @@ func TestIntegrationRawIsPgrywConn(t *testing.T) {
 // system identifier is not the writer's, and the monitor keeps it out of
 // reads. The reads after writes must all see their rows.
 func TestIntegrationForeignStandbyIgnored(t *testing.T) {
-	pgtest.Require(t, cluster)
 	ctx := context.Background()
-	other, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, BinDir: cluster.BinDir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	ow, err := pgx.Connect(ctx, other.WriterDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 8; i++ { // move the other cluster's WAL well ahead
-		if _, err := ow.Exec(ctx, "SELECT pg_switch_wal(), txid_current()"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var otherPos, ourPos string
-	ow.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&otherPos)
-	ow.Close(ctx)
-	if err := other.WaitCaughtUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	other, otherPos := startForeignCluster(t)
+	var ourPos string
 	table := newTable(t)
 	setDelay(t, 100*time.Millisecond)
 	db, c := openDSN(t, cluster.WriterDSN()+"&wait_timeout=2s&replicas="+other.ReplicaAddrs()[0]+","+cluster.ReplicaAddrs()[0])
@@ -271,31 +252,42 @@ func TestIntegrationForeignStandbyIgnored(t *testing.T) {
 	}
 }
 
-// TestIntegrationForeignStandbyBeforeMonitor: each replica connection
-// compares its server's system identifier with the writer's when it opens,
-// so another cluster's standby serves no read even before the monitor
-// first looks at it (here it never does).
-func TestIntegrationForeignStandbyBeforeMonitor(t *testing.T) {
+// startForeignCluster starts another cluster with one standby, closed with
+// the test, its WAL moved well ahead of this one's; it returns the cluster
+// and its writer's position.
+func startForeignCluster(t *testing.T) (*pgtest.Cluster, string) {
+	t.Helper()
 	pgtest.Require(t, cluster)
 	ctx := context.Background()
 	other, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, BinDir: cluster.BinDir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer other.Close()
+	t.Cleanup(func() { other.Close() })
 	ow, err := pgx.Connect(ctx, other.WriterDSN())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 8; i++ { // move the other cluster's WAL well ahead
+	defer ow.Close(ctx)
+	for i := 0; i < 8; i++ {
 		if _, err := ow.Exec(ctx, "SELECT pg_switch_wal(), txid_current()"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ow.Close(ctx)
+	var pos string
+	ow.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&pos)
 	if err := other.WaitCaughtUp(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return other, pos
+}
+
+// TestIntegrationForeignStandbyBeforeMonitor: each replica connection
+// compares its server's system identifier with the writer's when it opens,
+// so another cluster's standby serves no read even before the monitor
+// first looks at it (here it never does).
+func TestIntegrationForeignStandbyBeforeMonitor(t *testing.T) {
+	other, _ := startForeignCluster(t)
 	setDelay(t, 100*time.Millisecond)
 	for _, pooler := range []string{"auto", "none"} {
 		t.Run("pooler="+pooler, func(t *testing.T) {
