@@ -363,6 +363,10 @@ func (b *backend) reconcilePrepared() {
 		if !s.parse {
 			continue
 		}
+		if in := &s.inj; in.Msgs == nil || in.Msgs[0] != 'P' {
+			s.parse = false // reused (see reuse): what that Parse did is not known
+			continue
+		}
 		switch in := &s.inj; {
 		case in.Dropped() || in.Refused():
 			delete(b.prepared, s.name)
@@ -375,6 +379,14 @@ func (b *backend) reconcilePrepared() {
 			s.parse = false
 		}
 	}
+}
+
+// reuse readies slot s for an injection built outside injectPrepared: what
+// the Parse it may still carry did is taken in first, and then the slot
+// carries none.
+func (b *backend) reuse(s *slot) {
+	b.reconcilePrepared()
+	s.parse = false
 }
 
 // slotName returns the base name of the prepared statement inj, armed in
@@ -402,6 +414,7 @@ func (b *backend) injectCapture(s *slot) *wire.Injection {
 		return b.injectPrepared(s, stmtCapture, sqlCapture)
 	}
 	if fn := b.captureFn.Load(); fn != 0 && b.node.fastState.Load() == fastOK && b.node.fastPathOn() {
+		b.reuse(s)
 		return injectFastCapture(s, fn)
 	}
 	return b.injectPrepared(s, stmtCaptureLSN, sqlCaptureLSN)

@@ -365,6 +365,7 @@ const (
 // of an extended-protocol read), else a replay position poll. Both are
 // answered before the read runs, in the same round trip.
 func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget time.Duration) *wire.Injection {
+	b.reuse(&b.pre)
 	inj := &b.pre.inj
 	switch method {
 	case WaitPolar:
