@@ -3,6 +3,7 @@ package pgryw
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -85,7 +86,7 @@ func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, 
 		w.forgetPrepared()
 	}
 	ws.reset = cn.armReset()
-	if cn.c.cfg.ResetSession && !cn.opaqueCall && cn.c.callsVolatile(cls) {
+	if cn.c.cfg.ResetSession && !cn.opaqueCall && (cls.Reason == "CALL" || cls.Reason == "DO" || cn.c.callsVolatile(cls)) {
 		cn.opaqueCall = true
 	}
 	if cn.c.cfg.ReadYourWrites {
@@ -304,21 +305,45 @@ func (cn *Conn) markLostFor(cs *Session, commit bool) {
 
 // freshPosition reads the primary's position on a connection of its own:
 // for a Session's token, when a commit's position was lost (it covers
-// every commit that returned before it).
+// every commit that returned before it). One runs at a time per
+// connector, and a position read after a call began serves it: a burst of
+// tokens during a stall costs one connection at a time, not one each.
 func (c *Connector) freshPosition(ctx context.Context) (generation, lsn.LSN, error) {
+	start := time.Now()
+	select {
+	case c.fresh.turn <- struct{}{}:
+	case <-ctx.Done():
+		return generation{}, 0, ctx.Err()
+	}
+	defer func() { <-c.fresh.turn }()
+	if c.fresh.sent.After(start) {
+		return c.fresh.gen, c.fresh.lsn, nil
+	}
 	dc, err := c.dial(ctx, c.topo.primary)
 	if err != nil {
 		return generation{}, 0, err
 	}
 	b := newBackend(dc, c.topo.primary)
 	defer b.close()
+	sent := time.Now()
 	p, err := capture(ctx, b)
 	if err != nil {
 		c.stats.captureFailures.Add(1)
 		return generation{}, 0, err
 	}
 	c.stats.captures.Add(1)
-	return c.genAt(ctx, b, p.tli), p.lsn, nil
+	gen := c.genAt(ctx, b, p.tli)
+	c.fresh.sent, c.fresh.gen, c.fresh.lsn = sent, gen, p.lsn
+	return gen, p.lsn, nil
+}
+
+// freshState is freshPosition's: turn admits one at a time and guards the
+// rest, the last position it read and when it was sent.
+type freshState struct {
+	turn chan struct{}
+	sent time.Time
+	gen  generation
+	lsn  lsn.LSN
 }
 
 // advance raises the watermarks this connection answers to after a possible
@@ -326,21 +351,20 @@ func (c *Connector) freshPosition(ctx context.Context) (generation, lsn.LSN, err
 // losses seen before the capture was sent as covered. A position read on a
 // writer that has since been replaced raises this connection's watermark
 // alone (see sawPrimary).
-func (cn *Conn) advance(ctx context.Context, p primaryPos, seen lostSeen) {
+func (cn *Conn) advance(ctx context.Context, p primaryPos, seen lostSeen) bool {
 	if cs := SessionFrom(ctx); cs != nil {
 		cn.c.generationOf(ctx, cn.primary) // read once per connector, on this idle connection
-		cn.advanceFor(cs, p, seen)
-		return
+		return cn.advanceFor(cs, p, seen)
 	}
-	cn.advanceFor(nil, p, seen)
+	return cn.advanceFor(nil, p, seen)
 }
 
 // advanceFor is advance for the statement's Session cs (nil: none), once
 // the primary's system identifier is known (or known to be unreadable): it
 // sends nothing, so it may run on another connection's goroutine.
-func (cn *Conn) advanceFor(cs *Session, p primaryPos, seen lostSeen) {
+func (cn *Conn) advanceFor(cs *Session, p primaryPos, seen lostSeen) bool {
 	if !cn.raiseConn(p, seen) {
-		return
+		return false
 	}
 	if cn.c.cfg.SessionScope == ScopeDB {
 		cn.c.db.wm.Advance(p.lsn)
@@ -350,6 +374,7 @@ func (cn *Conn) advanceFor(cs *Session, p primaryPos, seen lostSeen) {
 		cs.advanceAt(cn.c.genAt(context.Background(), cn.primary, p.tli), p.lsn)
 		cs.cover(seen.ctx)
 	}
+	return true
 }
 
 // raiseConn raises this connection's watermark alone to a primary position
@@ -392,20 +417,21 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 	}
 	// Other connections' captures: one that is late counts as lost here.
 	cs := SessionFrom(ctx)
+	var late []*pendingCapture
 	dbLate, csLate := false, false
 	if db {
-		late, err := cn.c.inflight.settleOthers(ctx, skip)
+		l, err := cn.c.inflight.settleOthers(ctx, skip)
 		if err != nil {
 			return 0, err
 		}
-		dbLate = late
+		late, dbLate = l, len(l) > 0
 	}
 	if cs != nil {
-		late, err := cs.inflight.settleOthers(ctx, skip)
+		l, err := cs.inflight.settleOthers(ctx, skip)
 		if err != nil {
 			return 0, err
 		}
-		csLate = late
+		late, csLate = append(late, l...), len(l) > 0
 	}
 	_, connLost := cn.sess.pending()
 	dbLost, csLost := dbLate, csLate
@@ -453,10 +479,12 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 			// The capture may be the first position of a new writer.
 			gen = cn.c.genAt(ctx, cn.primary, p.tli)
 			// A later timeline of this system than the writer's own is
-			// kept only from a signed token (issued after a real commit,
-			// by a writer this one has not caught up with); an unsigned
-			// one may be forged, and would make every read wait.
-			foreign = csGen != gen && (!newer(csGen, gen) || !cs.signed())
+			// kept from a signed token (issued after a real commit, by a
+			// writer this one has not caught up with), or when this
+			// connector has seen a writer on it (this connection reaches
+			// one since replaced); an unsigned one beyond both may be
+			// forged, and would make every read wait.
+			foreign = csGen != gen && (!newer(csGen, gen) || !cs.signed() && csGen.timeline > cn.c.tli.Load())
 		}
 		switch {
 		case foreign:
@@ -467,7 +495,15 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 			cs.rebase(gen, p.lsn)
 		}
 		if dbLost || csLost {
-			cn.advance(ctx, p, seen)
+			if cn.advance(ctx, p, seen) {
+				for _, lp := range late {
+					lp.retire(db, cs) // covered: no reader waits for it again
+				}
+			} else if len(late) > 0 {
+				// Read on a writer since replaced: it does not cover the
+				// late writes, made on the current one.
+				return 0, errPositionLost
+			}
 		} else {
 			cn.raiseConn(p, seen)
 		}
