@@ -142,6 +142,15 @@ func faultAfterWrite(t *testing.T, table, mode string, kind faultnet.Kind) {
 	seen("another process, with the token", other, pgryw.WithSession(ctx, s2), 2500*time.Millisecond)
 	// Another connection of the pool (session_scope=db), at once.
 	seen("another connection", b, ctx, 500*time.Millisecond)
+	// The late position was covered by the position read for that read:
+	// the next reads do not wait for it, or read one again.
+	captures := c.Stats().Captures
+	for i := 0; i < 3; i++ {
+		seen("another connection, again", b, ctx, 500*time.Millisecond)
+	}
+	if n := c.Stats().Captures - captures; n != 0 {
+		t.Errorf("%d more positions read for the same late write", n)
+	}
 	// The writing connection itself, within a deadline shorter than the stall.
 	seen("the writing connection", a, ctx, 500*time.Millisecond)
 	// The pool.

@@ -94,22 +94,51 @@ func (s *pendingSet) settle(ctx context.Context) error { return s.settleBut(ctx,
 const othersWait = 50 * time.Millisecond
 
 // settleOthers settles the set's captures but skip, each within ctx and
-// othersWait. It reports whether one was still on its way then: the
-// caller reads a fresh position instead, which covers it. An error is
-// ctx's own.
-func (s *pendingSet) settleOthers(ctx context.Context, skip *pendingCapture) (late bool, err error) {
+// othersWait. It returns those still on their way then: the caller reads a
+// fresh position instead, which covers them, and retires them. An error
+// is ctx's own.
+func (s *pendingSet) settleOthers(ctx context.Context, skip *pendingCapture) (late []*pendingCapture, err error) {
 	if s.n.Load() == 0 {
-		return false, nil
+		return nil, nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, othersWait)
 	defer cancel()
 	if err := s.settleBut(wctx, skip); err != nil {
 		if ctx.Err() != nil {
-			return false, ctx.Err()
+			return nil, ctx.Err()
 		}
-		return true, nil
+		s.mu.Lock()
+		for _, p := range s.list {
+			if p != skip {
+				late = append(late, p)
+			}
+		}
+		s.mu.Unlock()
+		return late, nil
 	}
-	return false, nil
+	return nil, nil
+}
+
+// retire takes p, whose write a fresh position has covered in the pool's
+// watermark (db) and in Session cs (nil: none), out of those sets that
+// readers wait on; its connection still settles it for its own watermark.
+func (p *pendingCapture) retire(db bool, cs *Session) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.settled {
+		return
+	}
+	if p.db && db {
+		p.cn.c.inflight.remove(p)
+		p.db = false
+	}
+	if p.cs != nil && p.cs == cs {
+		p.cs.inflight.remove(p)
+		p.cs = nil
+	}
+	if !p.db && p.cs == nil {
+		p.wrote = false // nothing else waits for it
+	}
 }
 
 // settleBut settles every capture in the set but skip, within ctx.

@@ -332,6 +332,7 @@ type clusterScope struct {
 	sysID    atomic.Uint64 // the primary's system identifier, once read; 0: unknown
 	sysTried atomic.Bool   // the server refused to say: not asked again
 	sysAsked atomic.Int64  // when the monitor last asked the writer (unix ns)
+	fresh    freshState    // tokens' fresh positions (freshPosition)
 	tli      atomic.Uint32 // the current writer's timeline (see sawPrimary); 0 until known
 	genMu    sync.Mutex    // serializes changes of tli
 
@@ -362,7 +363,7 @@ func scopeOf(wc *pgx.ConnConfig) *clusterScope {
 	}
 	s := scopes.m[key]
 	if s == nil {
-		s = &clusterScope{key: key}
+		s = &clusterScope{key: key, fresh: freshState{turn: make(chan struct{}, 1)}}
 		scopes.m[key] = s
 	}
 	s.refs++

@@ -323,7 +323,7 @@ var dsnOptions = []dsnOption{
 	funcListOption("read_functions", func(c *Config) *[]string { return &c.ReadFunctions },
 		"Treat these functions as read-only without asking the catalog: a qualified name matches calls that qualify it so, an unqualified one calls in any schema."),
 	boolOption("reset_session", false, func(c *Config) *bool { return &c.ResetSession },
-		"`on`: a connection the pool hands out again starts clean, as after `DISCARD ALL`: settings, `LISTEN`, temporary tables, cursors and advisory locks left by its last user are gone, on the primary and its replica connections. The reset rides in front of the connection's next statement on the primary (no round trip), except that advisory locks and `PREPARE`d statements are released at once (one round trip). Costs nothing for a connection left clean. See [Session state](#session-state)."),
+		"`on`: a connection the pool hands out again starts clean, as after `DISCARD ALL`: settings, `LISTEN`, temporary tables, cursors and advisory locks left by its last user are gone, on the primary and its replica connections. The reset rides in front of the connection's next statement on the primary (no round trip), except that advisory locks and `PREPARE`d statements are released at once (one round trip), and so is whatever a call of a volatile function of the database's, a `CALL` or a `DO` block may have left, which pgryw cannot see. Costs nothing for a connection left clean. See [Session state](#session-state)."),
 }
 
 // dsnOption describes one of pgryw's DSN keys: how to read it, write it

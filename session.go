@@ -183,13 +183,16 @@ const tokenTimeout = 5 * time.Second
 func (s *Session) TokenContext(ctx context.Context) (string, error) {
 	// Writes that returned before their positions arrived (deferred.go).
 	late, err := s.inflight.settleOthers(ctx, nil)
-	if seen, lost := s.pending(); err == nil && (late || lost) {
+	if seen, lost := s.pending(); err == nil && (len(late) > 0 || lost) {
 		if c := s.by.Load(); c != nil {
 			var gen generation
 			var l lsn.LSN
 			if gen, l, err = c.freshPosition(ctx); err == nil {
 				s.advanceAt(gen, l)
 				s.cover(seen)
+				for _, p := range late {
+					p.retire(false, s)
+				}
 			}
 		}
 	}

@@ -303,7 +303,8 @@ const sqlReset = "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLIS
 // Replica connections are given the clean settings with their next read.
 func (cn *Conn) resetState(ctx context.Context) error {
 	set := &cn.sess.set
-	if cn.pins&^pinPermanent == 0 && len(set.names) == 0 && len(set.tracked) == 0 && !cn.opaqueCall {
+	opaque := cn.opaqueCall
+	if cn.pins&^pinPermanent == 0 && len(set.names) == 0 && len(set.tracked) == 0 && !opaque {
 		return nil
 	}
 	cn.opaqueCall = false
@@ -318,22 +319,25 @@ func (cn *Conn) resetState(ctx context.Context) error {
 		cn.dropSessionState(cn.pins&pinPermanent, "reset_session")
 		return nil
 	}
-	if cn.pins&(pinLock|pinPrepared|pinUnread) != 0 {
+	if cn.pins&(pinLock|pinPrepared|pinUnread) != 0 || opaque {
+		// (What a function's code did not show may be an advisory lock.)
 		if err := cn.checkPrimary(ctx); err != nil {
 			return err
 		}
-		if w = cn.primary; cn.pins == 0 {
+		if cn.primary != w {
 			return nil // replaced: a new session has nothing to reset
 		}
 		if _, _, err := w.control(ctx, sqlReset+"; SELECT 1"); err != nil {
 			return driver.ErrBadConn // database/sql closes it
 		}
-		if sc, ok := w.conn.(*stdlib.Conn); ok {
-			if err := sc.Conn().DeallocateAll(ctx); err != nil {
-				return driver.ErrBadConn
+		if cn.pins&(pinLock|pinPrepared|pinUnread) != 0 { // (not for an opaque call alone: pgx's statements stay)
+			if sc, ok := w.conn.(*stdlib.Conn); ok {
+				if err := sc.Conn().DeallocateAll(ctx); err != nil {
+					return driver.ErrBadConn
+				}
 			}
+			w.forgetPrepared()
 		}
-		w.forgetPrepared()
 	} else {
 		cn.resetPending = true
 	}

@@ -320,40 +320,50 @@ func TestIntegrationResetSession(t *testing.T) {
 }
 
 // TestIntegrationResetSessionUnseenState: with reset_session=on, state a
-// statement left through a function whose code does not show it (here a
-// SQL function calling a PL/pgSQL one that calls set_config and takes an
-// advisory lock) is reset too before the connection's next user: pgryw
-// cannot see it, so a call of a volatile function of the database's counts
-// as leaving state behind.
+// statement left through code that does not show it (a SQL function, a
+// procedure or a DO block calling a PL/pgSQL function that calls
+// set_config and takes an advisory lock) is reset too, at once, before the
+// connection's next user gets it, even one that only reads on replicas:
+// pgryw cannot see such state, so a call of a volatile function of the
+// database's, a CALL and a DO block count as leaving state behind.
 func TestIntegrationResetSessionUnseenState(t *testing.T) {
 	ctx := context.Background()
 	setup, _ := openDB(t, "")
 	for _, q := range []string{
 		"CREATE OR REPLACE FUNCTION rs_inner() RETURNS int LANGUAGE plpgsql AS $$BEGIN PERFORM set_config('app.rs2', 'left', false); PERFORM pg_advisory_lock(88); RETURN 1; END$$",
 		"CREATE OR REPLACE FUNCTION rs_outer() RETURNS int LANGUAGE sql AS 'SELECT rs_inner()'",
+		"CREATE OR REPLACE PROCEDURE rs_proc() LANGUAGE sql AS 'SELECT rs_inner()'",
 	} {
 		if _, err := setup.ExecContext(ctx, q); err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() { setup.Exec("DROP FUNCTION IF EXISTS rs_outer(), rs_inner()") })
+	t.Cleanup(func() {
+		setup.Exec("DROP PROCEDURE IF EXISTS rs_proc(); DROP FUNCTION IF EXISTS rs_outer(), rs_inner()")
+	})
 	db, _ := openDB(t, "reset_session=on")
 	db.SetMaxOpenConns(1)
-	if _, err := db.ExecContext(ctx, "SELECT rs_outer()"); err != nil {
-		t.Fatal(err)
-	}
-	var tenant sql.NullString
-	if err := db.QueryRowContext(pgryw.WithPrimary(ctx), "SELECT current_setting('app.rs2', true)").Scan(&tenant); err != nil {
-		t.Fatal(err)
-	}
-	other, _ := openDB(t, "")
-	var got bool
-	if err := other.QueryRowContext(ctx, "SELECT pg_try_advisory_lock(88)").Scan(&got); err != nil {
-		t.Fatal(err)
-	}
-	other.ExecContext(ctx, "SELECT pg_advisory_unlock_all()")
-	if tenant.String != "" || !got {
-		t.Fatalf("state survived the reset: app.rs2 %q; another session could take the lock: %v", tenant.String, got)
+	for _, q := range []string{"SELECT rs_outer()", "CALL rs_proc()", "DO $$BEGIN PERFORM rs_inner(); END$$"} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		// The next user only reads, on a replica: the lock must be gone
+		// all the same, before it gets the connection.
+		var one int
+		onReplica(t, ctx, db, "SELECT 1", &one)
+		other, _ := openDB(t, "")
+		var got bool
+		if err := other.QueryRowContext(ctx, "SELECT pg_try_advisory_lock(88)").Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		other.ExecContext(ctx, "SELECT pg_advisory_unlock_all()")
+		var tenant sql.NullString
+		if err := db.QueryRowContext(pgryw.WithPrimary(ctx), "SELECT current_setting('app.rs2', true)").Scan(&tenant); err != nil {
+			t.Fatal(err)
+		}
+		if tenant.String != "" || !got {
+			t.Fatalf("%s: state survived the reset: app.rs2 %q; another session could take the lock: %v", q, tenant.String, got)
+		}
 	}
 }
 

@@ -162,7 +162,8 @@ var transparencyIntended = []tpIntended{
 		id:  "replica-killed",
 		why: "not a difference of pgryw's: while the checker has a replica stopped, the primary's pg_stat_replication lists one standby fewer",
 		accept: func(prog []tpStep, i int, pgx, ryw tpResult) bool {
-			return tpKills.Load() > 0 && strings.Contains(prog[i].sql, "pg_stat_replication")
+			return tpKills.Load() > 0 && strings.Contains(prog[i].sql, "pg_stat_replication") && pgx.err == "" && ryw.err == "" &&
+				slices.Equal(pgx.cols, ryw.cols) && len(pgx.rows) == len(ryw.rows)
 		},
 	},
 }

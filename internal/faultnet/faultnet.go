@@ -355,7 +355,7 @@ func (c *Conn) frame(p []byte, n int) (int, Kind) {
 			if c.frN < 5 {
 				continue
 			}
-			c.frLeft = int(uint32(c.frHdr[1])<<24|uint32(c.frHdr[2])<<16|uint32(c.frHdr[3])<<8|uint32(c.frHdr[4])) - 4
+			c.frLeft = max(int(uint32(c.frHdr[1])<<24|uint32(c.frHdr[2])<<16|uint32(c.frHdr[3])<<8|uint32(c.frHdr[4]))-4, 0)
 		}
 		k := min(c.frLeft, n-i)
 		if c.frHdr[0] == 'C' {
