@@ -352,6 +352,9 @@ func (b *backend) injectPrepared(s *slot, name, sql string, params ...[]byte) *w
 	return &s.inj
 }
 
+// slots returns b's ride-along slots that may carry a prepared statement.
+func (b *backend) slots() [4]*slot { return [4]*slot{&b.pre, &b.post, &b.post2, &b.state} }
+
 // reconcilePrepared brings b.prepared in line with what reached the
 // server: a Parse whose injection was dropped before it was sent (pgx's own
 // Parse failed, so nothing executed) or refused created nothing, and the
@@ -359,15 +362,14 @@ func (b *backend) injectPrepared(s *slot, name, sql string, params ...[]byte) *w
 // confirmed, so that only a confirmed statement's 26000 counts as evidence
 // of a pooler (injectionFailed).
 func (b *backend) reconcilePrepared() {
-	for _, s := range []*slot{&b.pre, &b.post, &b.post2, &b.state} {
+	for _, s := range b.slots() {
 		if !s.parse {
 			continue
 		}
-		if in := &s.inj; in.Msgs == nil || in.Msgs[0] != 'P' {
+		in := &s.inj
+		switch {
+		case in.Msgs == nil || in.Msgs[0] != 'P':
 			s.parse = false // reused (see reuse): what that Parse did is not known
-			continue
-		}
-		switch in := &s.inj; {
 		case in.Dropped() || in.Refused():
 			delete(b.prepared, s.name)
 			s.parse = false
@@ -392,7 +394,7 @@ func (b *backend) reuse(s *slot) {
 // slotName returns the base name of the prepared statement inj, armed in
 // one of b's slots, executes.
 func (b *backend) slotName(inj *wire.Injection) string {
-	for _, s := range []*slot{&b.pre, &b.post, &b.post2, &b.state} {
+	for _, s := range b.slots() {
 		if inj == &s.inj {
 			return s.name
 		}
@@ -490,7 +492,7 @@ func (b *backend) forgetPrepared() {
 	b.prepGen++
 	clear(b.prepared)
 	clear(b.confirmed)
-	for _, s := range []*slot{&b.pre, &b.post, &b.post2, &b.state} {
+	for _, s := range b.slots() {
 		s.parse = false
 	}
 }

@@ -418,23 +418,22 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 	// Other connections' captures: one that is late counts as lost here.
 	cs := SessionFrom(ctx)
 	var late []*pendingCapture
-	dbLate, csLate := false, false
+	dbLost, csLost := false, false
 	if db {
 		l, err := cn.c.inflight.settleOthers(ctx, skip)
 		if err != nil {
 			return 0, err
 		}
-		late, dbLate = l, len(l) > 0
+		late, dbLost = l, len(l) > 0
 	}
 	if cs != nil {
 		l, err := cs.inflight.settleOthers(ctx, skip)
 		if err != nil {
 			return 0, err
 		}
-		late, csLate = append(late, l...), len(l) > 0
+		late, csLost = append(late, l...), len(l) > 0
 	}
 	_, connLost := cn.sess.pending()
-	dbLost, csLost := dbLate, csLate
 	if db && !dbLost {
 		_, dbLost = cn.c.db.pending()
 	}

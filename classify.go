@@ -101,10 +101,14 @@ func (c *Connector) readOnly(r *sqlclass.Result) bool {
 }
 
 // callsVolatile reports whether a statement calls a function of the
-// database's that is not known to be read-only: what it does to the
-// session may go beyond what its code shows (sqlclass.BodyEffects).
+// database's that is not known to be read-only (write_functions names it,
+// or the catalog does not say it is stable or immutable): what it does
+// may go beyond what its code shows (sqlclass.BodyEffects).
 func (c *Connector) callsVolatile(r *sqlclass.Result) bool {
 	for _, f := range r.Funcs {
+		if c.forcedWrite(f) {
+			return true
+		}
 		if c.forcedRead(f) {
 			continue
 		}
@@ -123,21 +127,7 @@ func (c *Connector) mayWrite(r *sqlclass.Result) bool {
 	if r.Write {
 		return true
 	}
-	if r.Tx != sqlclass.TxNone {
-		return false
-	}
-	for _, f := range r.Funcs {
-		if c.forcedWrite(f) {
-			return true
-		}
-		if c.forcedRead(f) {
-			continue
-		}
-		if ro, ok := c.funcs.lookup(f); !ok || !ro {
-			return true
-		}
-	}
-	return false
+	return r.Tx == sqlclass.TxNone && c.callsVolatile(r)
 }
 
 // funcOverrides are write_functions and read_functions, as the classifier
