@@ -331,13 +331,13 @@ func (cn *Conn) exec(ctx context.Context, query string, args []driver.NamedValue
 		return res, err
 	}
 	cls := cn.c.classify(ctx, query)
-	toReplica, err := cn.routeReplica(ctx, &cls)
-	if err != nil {
-		return nil, err
-	}
-	if toReplica {
+	p := cn.planFor(ctx, &cls)
+	switch p.target {
+	case targetRefused:
+		return nil, refusedHint(&cls)
+	case targetReplica:
 		op := cn.startOp(replicaOp{kind: opExec, ctx: ctx, query: query, args: args})
-		onPrimary, done, err := cn.onReplica(ctx, query, &cls, true, op)
+		onPrimary, done, err := cn.onReplica(ctx, query, &cls, &p, true, op)
 		res := op.res
 		cn.op = replicaOp{}
 		if !onPrimary {
@@ -347,11 +347,11 @@ func (cn *Conn) exec(ctx context.Context, query string, args []driver.NamedValue
 			return res, err
 		}
 	}
-	return cn.execPrimary(ctx, query, args, cls, toReplica, st)
+	return cn.execPrimary(ctx, query, args, cls, &p, st)
 }
 
 // execPrimary runs ExecContext's statement on the primary.
-func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool, st *Stmt) (driver.Result, error) {
+func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, p *plan, st *Stmt) (driver.Result, error) {
 	if err := cn.checkPrimary(ctx); err != nil {
 		return nil, err
 	}
@@ -363,7 +363,7 @@ func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.Nam
 		res, err = cn.primary.exec(ctx, query, args)
 	}
 	cn.afterPrimary(ctx, &ws, err)
-	cn.servedPrimary(ctx, &cls, ws.idleBefore, toReplica)
+	cn.servedPrimary(ctx, &cls, p)
 	cn.releaseFallback()
 	if cn.lostRead(ctx, &cls, &ws, err) {
 		return nil, driver.ErrBadConn
@@ -391,13 +391,13 @@ func (cn *Conn) query(ctx context.Context, query string, args []driver.NamedValu
 		return rows, err
 	}
 	cls := cn.c.classify(ctx, query)
-	toReplica, err := cn.routeReplica(ctx, &cls)
-	if err != nil {
-		return nil, err
-	}
-	if toReplica {
+	p := cn.planFor(ctx, &cls)
+	switch p.target {
+	case targetRefused:
+		return nil, refusedHint(&cls)
+	case targetReplica:
 		op := cn.startOp(replicaOp{kind: opQuery, ctx: ctx, query: query, args: args})
-		onPrimary, done, err := cn.onReplica(ctx, query, &cls, true, op)
+		onPrimary, done, err := cn.onReplica(ctx, query, &cls, &p, true, op)
 		rows := op.rows
 		cn.op = replicaOp{}
 		if !onPrimary {
@@ -410,11 +410,11 @@ func (cn *Conn) query(ctx context.Context, query string, args []driver.NamedValu
 			return &afterRows{Rows: rows, done: func(error) { done() }}, nil
 		}
 	}
-	return cn.queryPrimary(ctx, query, args, cls, toReplica, st)
+	return cn.queryPrimary(ctx, query, args, cls, &p, st)
 }
 
 // queryPrimary runs QueryContext's statement on the primary.
-func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, toReplica bool, st *Stmt) (driver.Rows, error) {
+func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, p *plan, st *Stmt) (driver.Rows, error) {
 	if err := cn.checkPrimary(ctx); err != nil {
 		return nil, err
 	}
@@ -425,7 +425,7 @@ func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.Na
 		ws = cn.beforePrimary(ctx, &cls)
 		rows, err = cn.primary.query(ctx, query, args)
 	}
-	cn.servedPrimary(ctx, &cls, ws.idleBefore, toReplica)
+	cn.servedPrimary(ctx, &cls, p)
 	if err != nil || ws.inj == nil && !ws.commits && !cn.fallbackHeld {
 		cn.afterPrimary(ctx, &ws, err)
 		cn.releaseFallback()
@@ -469,54 +469,10 @@ func (cn *Conn) lostRead(ctx context.Context, cls *sqlclass.Result, ws *primaryS
 	return true
 }
 
-// routeReplica decides, outside any transaction, whether a statement goes to
-// a replica.
-func (cn *Conn) routeReplica(ctx context.Context, cls *sqlclass.Result) (bool, error) {
-	toReplica, refused := decide(routeInput{
-		read:        cn.c.readOnly(cls),
-		node:        cls.Node,
-		hintReplica: cls.Hint == sqlclass.HintReplica || wantsReplica(ctx),
-		hintPrimary: cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx),
-		pinned:      cn.pins != 0,
-		inBlock:     !cn.primary.idle(),
-	})
-	if refused {
-		return false, fmt.Errorf("%w (%s)", ErrReplicaHint, cls.Reason)
-	}
-	if !toReplica && cn.c.readOnly(cls) && cls.Tx == sqlclass.TxNone {
-		cn.c.stats.primaryReads.Add(1) // pinned, hinted, or in a block
-	}
-	return toReplica, nil
-}
-
-// routeInput is everything the routing decision for one statement outside a
-// database/sql transaction depends on.
-type routeInput struct {
-	read        bool // only reads: the classifier, the catalog, read_/write_functions
-	node        bool // its answer depends on the node (node identity, node-local state)
-	hintReplica bool // /* pgryw:replica */ or WithReplica(ctx)
-	hintPrimary bool // /* pgryw:primary */ or WithPrimary(ctx)
-	pinned      bool // session state lives on this connection's primary session
-	inBlock     bool // an Exec'd transaction block is open on the primary
-}
-
-// decide is the routing decision, a pure function (its table is in
-// decide_test.go): whether the statement goes to a replica, or is refused
-// because a replica hint asks for one on a statement that must run on the
-// primary. Which replica, and whether it must be checked first, is
-// topology.pick's part; whether the statement pins the connection is
-// sqlclass.Result.Pin.
-func decide(in routeInput) (toReplica, refused bool) {
-	switch {
-	case in.hintReplica && !in.read:
-		return false, true
-	case !in.read || in.hintPrimary || in.inBlock:
-		return false, false
-	}
-	// A replica hint overrides pinning and a node-local answer: the caller
-	// says the statement does not depend on this connection's session
-	// state, or wants a replica's answer.
-	return !in.pinned && !in.node || in.hintReplica, false
+// refusedHint is the error for a statement a replica hint asks a replica
+// for although it must run on the primary.
+func refusedHint(cls *sqlclass.Result) error {
+	return fmt.Errorf("%w (%s)", ErrReplicaHint, cls.Reason)
 }
 
 var (

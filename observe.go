@@ -326,12 +326,12 @@ func (cn *Conn) servedPlain(ctx context.Context, begin bool) {
 	} else {
 		n.obs.statements.Add(1)
 	}
-	cn.report(ctx, n, RolePrimary, begin, func() Route { return RouteNoReplicas })
+	cn.report(ctx, n, RolePrimary, begin, RouteNoReplicas)
 }
 
 // servedReplica reports a read (or a read-only transaction's BEGIN) that
-// replica n answered; cls is the read's classification.
-func (cn *Conn) servedReplica(ctx context.Context, n *node, cls *sqlclass.Result, begin bool) {
+// replica n answered, by the route its plan gave.
+func (cn *Conn) servedReplica(ctx context.Context, n *node, route Route, begin bool) {
 	o := &n.obs
 	if begin {
 		o.transactions.Add(1)
@@ -342,12 +342,7 @@ func (cn *Conn) servedReplica(ctx context.Context, n *node, cls *sqlclass.Result
 	if cn.stale(n) {
 		o.staleReads.Add(1)
 	}
-	cn.report(ctx, n, RoleReplica, begin, func() Route {
-		if cls.Hint == sqlclass.HintReplica || wantsReplica(ctx) {
-			return RouteReplicaHint
-		}
-		return RouteReplica
-	})
+	cn.report(ctx, n, RoleReplica, begin, route)
 }
 
 // stale reports that n serves the read under way although it was found
@@ -357,10 +352,9 @@ func (cn *Conn) stale(n *node) bool {
 }
 
 // servedPrimary reports a statement run on the primary outside a
-// database/sql transaction. idleBefore: no transaction block was open when
-// it was sent; tried: it was routed to a replica first.
-func (cn *Conn) servedPrimary(ctx context.Context, cls *sqlclass.Result, idleBefore, tried bool) {
-	if !tried {
+// database/sql transaction, by its plan's route.
+func (cn *Conn) servedPrimary(ctx context.Context, cls *sqlclass.Result, p *plan) {
+	if !p.tried {
 		cn.obs = stmtObs{} // a read that failed before left its notes
 	}
 	c := cn.c
@@ -371,46 +365,15 @@ func (cn *Conn) servedPrimary(ctx context.Context, cls *sqlclass.Result, idleBef
 	} else {
 		n.obs.reads.Add(1)
 	}
-	cn.report(ctx, n, RolePrimary, false, func() Route {
-		read := c.readOnly(cls)
-		switch {
-		case tried && read:
-			return RouteFallback
-		case tried:
-			return RouteWrite // a replica refused it as a write (25006)
-		case !idleBefore || cls.Tx != sqlclass.TxNone:
-			return RouteTransaction
-		case cls.Pin:
-			return RoutePinned
-		case !read:
-			return RouteWrite
-		case cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx):
-			return RoutePrimaryHint
-		case cn.pins != 0:
-			return RoutePinned
-		case cls.Node:
-			return RouteNodeLocal
-		}
-		return RouteWrite
-	})
+	cn.report(ctx, n, RolePrimary, false, p.route)
 }
 
 // servedBegin reports the BEGIN of a database/sql transaction on the
-// primary.
-func (cn *Conn) servedBegin(ctx context.Context, readOnly bool) {
+// primary, by its plan's route.
+func (cn *Conn) servedBegin(ctx context.Context, p *plan) {
 	n := cn.c.topo.primary
 	n.obs.transactions.Add(1)
-	cn.report(ctx, n, RolePrimary, true, func() Route {
-		switch {
-		case cn.obs.reason != FallbackNone:
-			return RouteFallback
-		case readOnly && wantsPrimary(ctx):
-			return RoutePrimaryHint
-		case readOnly && cn.pins != 0:
-			return RoutePinned
-		}
-		return RouteTransaction
-	})
+	cn.report(ctx, n, RolePrimary, true, p.route)
 }
 
 // served reports a statement run inside the transaction, on its node.
@@ -429,13 +392,13 @@ func (t *tx) served(ctx context.Context, query string) {
 	} else {
 		o.reads.Add(1)
 	}
-	cn.report(ctx, n, role, false, func() Route { return RouteTransaction })
+	cn.report(ctx, n, role, false, RouteTransaction)
 }
 
 // report finishes a statement's observation: it notes the serving node's
 // state if it was not known to be up, calls the hooks and writes the Debug
 // line. route is only computed when someone will see it.
-func (cn *Conn) report(ctx context.Context, n *node, role Role, begin bool, route func() Route) {
+func (cn *Conn) report(ctx context.Context, n *node, role Role, begin bool, route Route) {
 	c := cn.c
 	if Health(n.obs.health.Load()) != HealthUp {
 		c.noteHealth(n)
@@ -451,7 +414,7 @@ func (cn *Conn) report(ctx context.Context, n *node, role Role, begin bool, rout
 		return
 	}
 	s := ServedBy{
-		Addr: n.addr, Host: n.host, Port: n.port, Role: role, Route: route(),
+		Addr: n.addr, Host: n.host, Port: n.port, Role: role, Route: route,
 		Fallback: cn.obs.reason, Wait: cn.obs.wait, Stale: role == RoleReplica && cn.stale(n), Begin: begin,
 	}
 	if s.Route == RouteFallback && s.Fallback == FallbackNone {

@@ -534,10 +534,13 @@ func TestObserveAllocs(t *testing.T) {
 	r := c.topo.replicas[0]
 	run := func(ctx context.Context) {
 		cn.skip(c.topo.replicas[1], FallbackUnreachable)
-		cn.servedReplica(ctx, r, &cls, false)
-		cn.servedPrimary(ctx, &w, true, false)
-		cn.servedPrimary(ctx, &cls, true, true)
-		cn.servedBegin(ctx, true)
+		cn.servedReplica(ctx, r, RouteReplica, false)
+		wp := plan{route: RouteWrite}
+		cn.servedPrimary(ctx, &w, &wp)
+		fp := plan{route: RouteFallback, read: true, tried: true}
+		cn.servedPrimary(ctx, &cls, &fp)
+		bp := plan{route: RoutePinned, read: true}
+		cn.servedBegin(ctx, &bp)
 	}
 	ctx := context.Background()
 	if n := testing.AllocsPerRun(200, func() { run(ctx) }); n != 0 {

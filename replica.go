@@ -8,10 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/pgryw/pgryw/internal/ctxsleep"
 	"github.com/pgryw/pgryw/internal/lsn"
 	"github.com/pgryw/pgryw/internal/sqlclass"
-	"github.com/pgryw/pgryw/internal/wire"
 )
 
 // The replica read: pick a replica, make sure it has replayed the session's
@@ -130,209 +128,6 @@ func (cn *Conn) behind(ctx context.Context, n *node, wm lsn.LSN, limit string) e
 	return cn.fallback(ctx, n, wm)
 }
 
-// attempt is one read on one replica: its answer, until used or discarded.
-type attempt struct {
-	ctx   context.Context
-	cn    *Conn
-	b     *backend
-	op    *replicaOp
-	trail bool            // a replay poll rides behind the read
-	post  *wire.Injection // that poll, once armed
-	ran   bool
-	err   error
-	// unset: the replica refused the connection's settings, which rode in
-	// front of the read; its answer must not be used.
-	unset bool
-}
-
-// opKind is what a replicaOp runs.
-type opKind uint8
-
-const (
-	opQuery opKind = iota // QueryContext: rows
-	opExec                // ExecContext: a result
-	opBegin               // BeginTx: a read-only transaction
-	opEnd                 // the end (COMMIT or ROLLBACK) of one
-)
-
-// replicaOp is the application's statement as an attempt runs it on the
-// replica it chose, and its answer. A struct kept in the Conn
-// (Conn.startOp) rather than closures over the caller's variables: a
-// replica read allocates nothing of pgryw's own.
-type replicaOp struct {
-	kind  opKind
-	ctx   context.Context
-	query string
-	args  []driver.NamedValue
-	opts  driver.TxOptions // opBegin
-	end   func() error     // opEnd
-
-	ok      bool    // run succeeded: there is an answer to discard
-	checked lsn.LSN // the watermark the replica was known or checked to have replayed
-	rows    driver.Rows
-	res     driver.Result
-	tx      driver.Tx
-	on      *backend // opBegin: where tx is open
-}
-
-// run sends the statement on b.
-func (o *replicaOp) run(b *backend) error {
-	var err error
-	switch o.kind {
-	case opQuery:
-		o.rows, err = b.query(o.ctx, o.query, o.args)
-	case opExec:
-		o.res, err = b.exec(o.ctx, o.query, o.args)
-	case opBegin:
-		var t driver.Tx
-		if t, err = b.conn.(driver.ConnBeginTx).BeginTx(o.ctx, o.opts); err == nil {
-			o.tx, o.on = t, b
-		}
-	case opEnd:
-		err = o.end()
-	}
-	o.ok = err == nil
-	return err
-}
-
-// discard throws away an answer that will not be used.
-func (o *replicaOp) discard() {
-	if !o.ok {
-		return
-	}
-	o.ok = false
-	switch o.kind {
-	case opQuery:
-		o.rows.Close()
-	case opBegin:
-		o.tx.Rollback()
-		o.tx = nil
-	}
-}
-
-func (a *attempt) read() {
-	if a.cn.poll.b == a.b {
-		a.cn.settlePoll(a.ctx) // its slot is about to be reused
-	}
-	set := a.cn.armSettings(a.b)
-	if w := a.b.wire; w != nil {
-		if a.trail && a.cn.c.cfg.ReadYourWrites && a.cn.c.trailPolls() && !a.b.peer.TxPooled {
-			a.post = a.b.injectPrepared(&a.b.post, stmtPoll, sqlPoll)
-			w.AppendAfterExec(a.post)
-		}
-	}
-	a.err = a.op.run(a.b)
-	a.ran = true
-	if w := a.b.wire; w != nil {
-		w.Disarm()
-	}
-	a.unset = a.cn.settledSettings(a.b, set)
-}
-
-// drop discards the answer, whatever it was. A discarded read may leave a
-// statement description in pgx's cache taken while the replica was behind
-// (say, before the session's own ALTER TABLE … ADD COLUMN); its next
-// execution then fails with "cached plan must not change result type"
-// before running, and onReplica reads again.
-func (a *attempt) drop() {
-	a.op.discard()
-	if a.post != nil {
-		a.cn.await(a.ctx, a.b, a.post) // its slot is about to be reused
-		a.post = nil
-	}
-	a.err, a.ran = nil, false
-}
-
-// finish settles a read that was served: it reads the replay position that
-// rode behind it and raises the connection's floor to it. Without one, the
-// floor is marked lost and the next replica read captures a primary position
-// first. The poll's answer comes after the read's own ReadyForQuery: when it
-// is not in yet, the read returns without it, and the connection's next
-// replica read, which is the first to need the floor, settles it
-// (settlePoll).
-func (a *attempt) finish() {
-	inj := a.post
-	a.post = nil
-	a.cn.finishRead(a.ctx, a.b, inj, a.trail)
-}
-
-// finishRead is attempt.finish, by value: a read whose rows are still open
-// calls it when they are closed, after its attempt is gone.
-func (cn *Conn) finishRead(ctx context.Context, b *backend, inj *wire.Injection, trail bool) {
-	if inj == nil {
-		switch {
-		case !trail || !cn.c.cfg.ReadYourWrites:
-		case !cn.c.trailPolls() && !b.peer.TxPooled:
-			cn.unbounded = b
-		case b.wire != nil:
-			cn.markLost(ctx, false)
-		}
-		return
-	}
-	cn.unbounded = nil
-	if inj.Sent() && !inj.Done() && !b.closed() && cn.poll.b == nil {
-		b.wire.Disarm()
-		cn.poll = pendingPoll{b: b, inj: inj}
-		return
-	}
-	cn.applyPoll(ctx, b, inj)
-}
-
-// trailPolls reports whether a replay poll rides behind each replica read to
-// bound what it saw. With one replica it does not: a connection's replica
-// reads all run on the same server connection to that replica, whose replay
-// position never goes backwards, so the read is its own bound
-// (Conn.unbounded), and the primary has everything a standby of it replayed.
-// Only a read on another server connection (the replica was reconnected,
-// perhaps restarted, which can take it back to an earlier consistent point)
-// needs the floor; it then reads a fresh primary position first (onReplica).
-func (c *Connector) trailPolls() bool { return len(c.topo.replicas) > 1 }
-
-// pendingPoll is a read's trailing replay poll whose answer had not arrived
-// when the read returned.
-type pendingPoll struct {
-	b   *backend
-	inj *wire.Injection
-}
-
-// settlePoll applies the connection's pending replay poll, waiting for its
-// answer within ctx: before the connection's next replica read, which needs
-// the floor and would reuse the poll's slot.
-func (cn *Conn) settlePoll(ctx context.Context) {
-	if p := cn.poll; p.b != nil {
-		cn.poll = pendingPoll{}
-		cn.applyPoll(ctx, p.b, p.inj)
-	}
-}
-
-// applyPoll reads a trailing replay poll's answer and raises the
-// connection's floor to it, or marks the floor lost.
-func (cn *Conn) applyPoll(ctx context.Context, b *backend, inj *wire.Injection) {
-	if !cn.await(ctx, b, inj) || inj.Err() != nil {
-		if err := inj.Err(); err != nil {
-			b.injectionFailed(stmtPoll, err)
-			if isRefusal(err) {
-				b.node.markRefused()
-			}
-		}
-		cn.markLost(ctx, false)
-		return
-	}
-	row, null := inj.Row()
-	l, known, inRecovery, err := parsePoll(row, null)
-	if err != nil || !known || !inRecovery {
-		// Promoted while reading: the read may have seen writes of the new
-		// history; only a primary position bounds it.
-		if err == nil && !inRecovery {
-			b.node.notStandby.Store(true)
-		}
-		cn.markLost(ctx, false)
-		return
-	}
-	cn.c.topo.observe(b.node, b.peer.Instance, l, time.Now().UnixNano())
-	cn.sess.wm.Advance(l)
-}
-
 // refusedBackoff is how long a replica that refused to start a transaction
 // under the session's defaults is left out: the defaults come from the DSN,
 // the role or the database, and rarely change.
@@ -364,352 +159,465 @@ const pipelinedAttempts = 4
 // onReplica reports onPrimary when the statement must run on the primary
 // instead: no replica is ready in time (on_timeout=primary), or a replica
 // refused it as a write (SQLSTATE 25006, which means nothing ran; cls is
-// updated). A replica whose connection fails is dropped and the next one
-// tried: a read is safe to send again.
-func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, trail bool, op *replicaOp) (onPrimary bool, done func(), err error) {
+// updated). p's route says which (plan.fellBack). A replica whose
+// connection fails is dropped and the next one tried: a read is safe to
+// send again. What each attempt's outcome leads to is the table in next.
+func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, p *plan, trail bool, op *replicaOp) (onPrimary bool, done func(), err error) {
 	cn.obs = stmtObs{}
+	r := replicaRead{ctx: ctx, cn: cn, query: query, cls: cls, p: p, trail: trail, op: op}
 	// The connection's own write may have returned before its position
 	// arrived (deferred.go). A poll in front of the read does not need the
 	// position: it is sent at once, and the position, which has arrived by
 	// the time the read's answer has, is compared with the poll's answer
 	// then (pipelined). Not with on_timeout=stale, whose choice of replica
 	// needs the whole watermark.
-	var spec *pendingCapture
 	if cn.c.cfg.ReadYourWrites && cn.c.cfg.OnTimeout != OnTimeoutStale {
-		spec = cn.inFlight()
+		r.spec = cn.inFlight()
 	}
-	wm, err := cn.watermarkBut(ctx, spec)
-	if err != nil {
-		return cn.positionLost(ctx)
+	if r.wm, err = cn.watermarkBut(ctx, r.spec); err != nil {
+		return r.positionLost()
 	}
-	var tried uint64
-	var busy *node // a replica passed over for max_waits
-	retriedStale := false
 	for {
-		b, check, stale, err := cn.nextReplica(ctx, wm, &tried, &busy)
+		b, check, stale, err := cn.nextReplica(ctx, r.wm, &r.tried, &r.busy)
 		if errors.Is(err, errUsePrimary) {
-			return cn.toPrimary(), nil, nil
+			return r.fellBack(nil, outNoReplica)
 		}
 		if err != nil {
 			return false, nil, err
 		}
-		if b.peer.TxPooled && len(cn.sess.set.names) > 0 {
-			// Behind a transaction pooler a setting cannot be made to
-			// travel with the read (it would stay on whichever server
-			// connection took it, for other clients): the reads stay on
-			// the primary, as with pgx.
-			cn.sess.set.refused = cn.sess.set.version
-			cn.setPins(cn.pins|pinSettings, "session settings behind a transaction pooler")
-			return cn.toPrimary(), nil, nil
-		}
-		if u := cn.unbounded; u != nil && u != b {
-			// The connection's last replica read ran on another server
-			// connection, and no poll bounded what it saw: only a primary
-			// position does now.
-			cn.unbounded = nil
-			cn.markLost(ctx, false)
-			spec = nil
-			if wm, err = cn.watermark(ctx); err != nil {
-				return cn.positionLost(ctx)
-			}
-			tried &^= 1 << uint(b.node.index%64)
-			continue
-		}
-		if spec != nil && !stale && (cn.pending != spec || cn.c.methodFor(b) != WaitPoll) {
-			// The whole watermark before the read: the capture was
-			// settled meanwhile (wm does not count it), or the server
-			// waits, and does better with the position in hand, which
-			// is due within microseconds, than with a poll that,
-			// finding the replica behind, costs a second round trip
-			// before the wait (measured on PostgreSQL 19: p50 1.07x the
-			// spin floor this way, 1.09x with the poll).
-			spec = nil
-			if wm, err = cn.watermark(ctx); err != nil {
-				return cn.positionLost(ctx)
-			}
-			check = wm > 0 && b.node.knownReplayOn(b) < wm
-		}
-		att := attempt{ctx: ctx, cn: cn, b: b, op: op, trail: trail} // on the stack: see the trail case below
+		att := attempt{ctx: ctx, cn: cn, b: b, op: op, trail: trail} // on the stack
 		a := &att
-		res, chkErr := waitOK, error(nil)
-		switch {
-		case check || spec != nil && !stale:
-			res, chkErr = cn.checkedRead(ctx, a, &wm, spec != nil)
-			spec = nil
-		default:
-			a.read()
-		}
-		if chkErr != nil {
-			a.drop()
-			if ctx.Err() != nil {
-				return false, nil, ctx.Err()
-			}
-			if errors.Is(chkErr, errPositionLost) {
-				return cn.positionLost(ctx)
-			}
-			if cerr := cn.c.configError(b, chkErr); cerr != nil {
-				return false, nil, cerr
-			}
-			if b.closed() {
-				cn.dropReplica(b)
-			}
-			if isRefusal(chkErr) {
-				b.node.markRefused()
-				cn.skip(b.node, FallbackRefused)
-			} else {
-				b.node.markDown()
-				cn.skip(b.node, FallbackUnreachable)
-			}
-			continue
-		}
-		switch res {
-		case waitNotStandby:
-			a.drop()
-			cn.skip(b.node, FallbackPromoted)
-			continue
-		case waitCannot:
-			// The session holds a lock there that pgryw did not take (a
-			// function it was told reads only took one): closing the
-			// connection releases it, and the read goes elsewhere.
-			a.drop()
-			cn.dropReplica(b)
-			cn.skip(b.node, FallbackCannotWait)
-			continue
-		case waitBusy:
-			a.drop()
-			busy = b.node
-			continue
-		case waitUnchecked:
-			a.drop()
-			cn.skip(b.node, FallbackCannotWait)
-			continue
-		case waitTimeout, waitBehind:
-			if perr := cn.behind(ctx, b.node, wm, ""); perr != nil {
-				a.drop()
-				if perr == errUsePrimary {
-					return cn.toPrimary(), nil, nil
-				}
-				return false, nil, perr
-			}
-			if !a.ran {
-				a.read() // on_timeout=stale
+		o, err := r.try(a, check, stale)
+		if o == outBehind {
+			if o, err = r.behind(a); o == outBehind {
+				o = r.answer(a) // on_timeout=stale: the answer stands, if usable
 			}
 		}
-		if a.unset {
-			// The replica would not take the connection's settings: its
-			// reads stay on the primary, where the settings are.
+		switch next(o, r.retriedStale) {
+		case stepDone:
+			return r.served(a)
+		case stepFail:
 			a.drop()
-			cn.sess.set.refused = cn.sess.set.version
-			cn.setPins(cn.pins|pinSettings, "settings a replica refused")
-			return cn.toPrimary(), nil, nil
-		}
-		if a.err == nil {
-			if !b.stillStandby() {
-				// Promoted after this read was answered: the answer stands
-				// (it has everything the node replayed), the node does not.
-				b.node.notStandby.Store(true)
-			}
-			cn.c.stats.replicaReads.Add(1)
-			cn.servedReplica(ctx, b.node, cls, query == "")
-			op.checked = wm
-			switch {
-			case !trail:
-				return false, nil, nil
-			case a.post == nil:
-				// Nothing rides behind the read (one replica: see
-				// trailPolls): nothing to read after its rows, so the
-				// caller's rows need no wrapper to settle it.
-				a.finish()
-				return false, nil, nil
-			}
-			inj := a.post
-			return false, func() { cn.finishRead(ctx, b, inj, true) }, nil
-		}
-		if ctx.Err() != nil {
-			err := a.err
-			a.finish()
-			cn.servedReplica(ctx, b.node, cls, query == "")
 			return false, nil, err
-		}
-		var pgErr *pgconn.PgError
-		isPg := errors.As(a.err, &pgErr)
-		if isPg && pgErr.Code == sqlstateReadOnly && query != "" {
+		case stepPrimary:
 			a.drop()
-			cn.c.classes.learnWrite(query)
-			*cls = cn.c.classes.get(query)
-			return true, nil, nil
-		}
-		if isPg && refusedByStandby(pgErr) {
-			// Nothing ran: the standby refused to start the transaction
-			// (a database or role default of SERIALIZABLE, say). The
-			// primary can run it.
+			return r.fellBack(b, o)
+		case stepSame:
 			a.drop()
-			b.node.markRefused()
-			cn.skip(b.node, FallbackRefused)
-			return cn.toPrimary(), nil, nil
-		}
-		if isPg && query != "" && refusedAsStandby(pgErr) && !isStaleDescription(pgErr) {
-			// Refused because it is a standby (an unlogged table, a WAL
-			// function during recovery): nothing ran, and the primary
-			// gives the answer pgx would. It stays there from now on.
-			a.drop()
-			cn.c.classes.learnPrimary(query, pgErr.Code)
-			*cls = cn.c.classes.get(query)
-			cn.skip(b.node, FallbackRefused)
-			return cn.toPrimary(), nil, nil
-		}
-		if isPg && isStaleDescription(pgErr) {
-			// A description pgx cached before a schema change (the
-			// session's own or another's ALTER TABLE, replayed here, or
-			// taken by a discarded attempt): pgx has dropped it, and
-			// nothing ran. Read again.
-			a.drop()
-			if !retriedStale {
-				retriedStale = true
-				tried &^= 1 << uint(b.node.index%64)
+			if err := r.again(b, o); err != nil {
+				return r.positionLost()
 			}
-			continue
-		}
-		if b.closed() || errors.Is(a.err, driver.ErrBadConn) || pgconn.SafeToRetry(a.err) || isPg && replicaFault(pgErr) {
-			// The replica failed the read before any row reached the
-			// caller (pgx reads the first row before returning): a
-			// connection fault, a shutdown, a recovery conflict. A read
-			// is safe to send again, to another node.
+		case stepOther:
 			a.drop()
-			if b.closed() {
-				cn.dropReplica(b)
-				b.node.markDown()
-			}
-			cn.skip(b.node, FallbackUnreachable)
-			continue
+			r.skip(b, o)
 		}
-		err = a.err
-		a.finish()
-		cn.servedReplica(ctx, b.node, cls, query == "")
-		return false, nil, err
 	}
 }
 
-// pipelined sends the read with its check in one flush and, while a polled
-// replica is merely behind, tries again within the budget: with the check
-// for the first few tries (so the answer costs no extra round trip when the
-// replica gets there), then polling alone and reading once it is there. With
-// WAIT FOR or PolarDB's wait the server does the waiting, so one try says
-// it all.
-//
-// A read waits on the replica only with one of max_waits' places: taken
-// before a server-side wait is sent, or before polling starts. Without one
-// it gets a check that does not wait (a replay position poll riding in
-// front of it, whatever the server), and waitBusy if that finds the
-// replica behind.
-//
-// With partial (polling only), the connection's own capture behind its last
-// write was still on its way when the read began, and *wm does not count
-// it: the poll needs no position, *wm is made whole once the read's answer
-// is in, and the poll's answer is compared with that. A replica found
-// behind is then waited for as usual.
-func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial bool) (waitResult, error) {
+// replicaRead is onReplica's state across its attempts.
+type replicaRead struct {
+	ctx   context.Context
+	cn    *Conn
+	query string
+	cls   *sqlclass.Result
+	p     *plan
+	trail bool
+	op    *replicaOp
+	// spec: the connection's own capture still on its way, which wm does
+	// not count (pipelined's partial).
+	spec         *pendingCapture
+	wm           lsn.LSN
+	tried        uint64 // the replicas tried, by index bit
+	busy         *node  // a replica passed over for max_waits
+	retriedStale bool   // a stale description was read again once
+	refusedCode  string // outRefusedAsStandby's SQLSTATE
+}
+
+// outcome is what one attempt on a replica came to: its check's result, or
+// what its answer says.
+type outcome uint8
+
+const (
+	outAnswer           outcome = iota // the answer stands: rows, or the caller's error
+	outFailed                          // the caller gets an error (the context's end, a configuration error)
+	outPositionLost                    // the watermark could not be read
+	outCheckRefused                    // the check was refused: the node refuses such reads for a while
+	outCheckFault                      // the check failed with the connection
+	outNotStandby                      // the node was promoted
+	outCannotWait                      // the session holds a lock there that pgryw did not take
+	outBusy                            // passed over for max_waits
+	outUnchecked                       // no check can ride with this read there (a transaction pooler)
+	outBehind                          // not replayed within the budget: on_timeout decides
+	outBehindPrimary                   // … and it said the primary
+	outSettingsRefused                 // the replica refused the connection's settings
+	outSettingsPooled                  // settings cannot travel behind a transaction pooler
+	outUnbounded                       // the last read ran on another server connection, unbounded
+	outReadOnly                        // SQLSTATE 25006: it writes after all
+	outRefusedByStandby                // the standby refused to start the transaction
+	outRefusedAsStandby                // refused because it is a standby (an unlogged table …)
+	outStaleDescription                // pgx's cached description predates a schema change
+	outFault                           // failed before any row: a fault, a shutdown, a conflict
+	outNoReplica                       // no replica is usable, or on_timeout sent it to the primary at once
+	outcomes
+)
+
+// step is what onReplica does after an attempt.
+type step uint8
+
+const (
+	stepDone    step = iota // return the answer
+	stepFail                // return the error
+	stepPrimary             // run the statement on the primary
+	stepSame                // try the same replica again
+	stepOther               // try another replica
+)
+
+// next is the executor's outcome table, a pure function (replica_test.go
+// holds its table).
+func next(o outcome, retriedStale bool) step {
+	switch o {
+	case outAnswer:
+		return stepDone
+	case outFailed:
+		return stepFail
+	case outPositionLost, outBehindPrimary, outSettingsRefused, outSettingsPooled,
+		outReadOnly, outRefusedByStandby, outRefusedAsStandby, outNoReplica:
+		return stepPrimary
+	case outUnbounded:
+		return stepSame
+	case outStaleDescription:
+		if !retriedStale {
+			return stepSame
+		}
+	}
+	return stepOther
+}
+
+// nodeEvent is what an attempt teaches about its node.
+type nodeEvent uint8
+
+const (
+	eventNone     nodeEvent = iota
+	eventDown               // unreachable: probed by the monitor from now on
+	eventGone               // eventDown if its connection closed
+	eventRefused            // refuses such reads: left out for refusedBackoff
+	eventPromoted           // no longer a standby
+)
+
+// connRule says whether an outcome closes the connection to its replica.
+type connRule uint8
+
+const (
+	keepConn     connRule = iota
+	dropIfClosed          // the outcome closed it: forget it
+	dropConn              // close it (it may hold what pgryw did not take)
+)
+
+// effect is what an outcome does to the node and to the connection to it,
+// and the reason ServedBy and the node's counters give for passing over it.
+type effect struct {
+	event nodeEvent
+	why   Fallback
+	conn  connRule
+}
+
+// effects is, per outcome, its effect.
+var effects = [outcomes]effect{
+	outCheckRefused:     {eventRefused, FallbackRefused, dropIfClosed},
+	outCheckFault:       {eventDown, FallbackUnreachable, dropIfClosed},
+	outNotStandby:       {eventNone, FallbackPromoted, keepConn},
+	outCannotWait:       {eventNone, FallbackCannotWait, dropConn},
+	outUnchecked:        {eventNone, FallbackCannotWait, keepConn},
+	outRefusedByStandby: {eventRefused, FallbackRefused, keepConn},
+	outRefusedAsStandby: {eventNone, FallbackRefused, keepConn},
+	outFault:            {eventGone, FallbackUnreachable, dropIfClosed},
+}
+
+// record applies what an attempt on n taught about it.
+func (n *node) record(e nodeEvent) {
+	switch e {
+	case eventDown:
+		n.markDown()
+	case eventRefused:
+		n.markRefused()
+	case eventPromoted:
+		n.notStandby.Store(true)
+	}
+}
+
+// try runs one attempt on b: the watermark made whole or the check armed as
+// needed, then the read, and says what came of the check.
+func (r *replicaRead) try(a *attempt, check, stale bool) (outcome, error) {
+	cn, b := r.cn, a.b
+	if b.peer.TxPooled && len(cn.sess.set.names) > 0 {
+		return outSettingsPooled, nil
+	}
+	if u := cn.unbounded; u != nil && u != b {
+		return outUnbounded, nil
+	}
+	if r.spec != nil && !stale && (cn.pending != r.spec || cn.c.methodFor(b) != WaitPoll) {
+		var err error
+		if check, err = r.whole(b); err != nil {
+			return r.lost(err)
+		}
+	}
+	if !check && (r.spec == nil || stale) {
+		a.read()
+		return r.answer(a), nil
+	}
+	res, err := cn.checkedRead(r.ctx, a, &r.wm, r.spec != nil)
+	r.spec = nil
+	if err != nil {
+		return r.checkFailed(b, err)
+	}
+	if o := waitOutcomes[res]; o != outAnswer {
+		return o, nil
+	}
+	return r.answer(a), nil
+}
+
+// whole reads the whole watermark before the read: the capture was settled
+// meanwhile (wm does not count it), or the server waits, and does better
+// with the position in hand, which is due within microseconds, than with a
+// poll that, finding the replica behind, costs a second round trip before
+// the wait (measured on PostgreSQL 19: p50 1.07x the spin floor this way,
+// 1.09x with the poll). check reports that b must be checked for it.
+func (r *replicaRead) whole(b *backend) (check bool, err error) {
+	r.spec = nil
+	if r.wm, err = r.cn.watermark(r.ctx); err != nil {
+		return false, err
+	}
+	return r.wm > 0 && b.node.knownReplayOn(b) < r.wm, nil
+}
+
+// waitOutcomes is the outcome of each check result; waitOK's is the read's
+// answer's (replicaRead.answer).
+var waitOutcomes = [...]outcome{
+	waitOK:         outAnswer,
+	waitNotStandby: outNotStandby,
+	waitCannot:     outCannotWait,
+	waitBusy:       outBusy,
+	waitUnchecked:  outUnchecked,
+	waitTimeout:    outBehind,
+	waitBehind:     outBehind,
+}
+
+// checkFailed is the outcome of a check on b that failed with err.
+func (r *replicaRead) checkFailed(b *backend, err error) (outcome, error) {
+	switch {
+	case errors.Is(err, errPositionLost):
+		return r.lost(err)
+	case r.ctx.Err() != nil:
+		return outFailed, r.ctx.Err()
+	}
+	if cerr := r.cn.c.configError(b, err); cerr != nil {
+		return outFailed, cerr
+	}
+	if isRefusal(err) {
+		return outCheckRefused, nil
+	}
+	return outCheckFault, nil
+}
+
+// lost is the outcome of a watermark that could not be read: the context's
+// end, or else the primary.
+func (r *replicaRead) lost(err error) (outcome, error) {
+	if cerr := r.ctx.Err(); cerr != nil {
+		return outFailed, cerr
+	}
+	return outPositionLost, err
+}
+
+// behind applies on_timeout (and max_fallback) to a replica found behind:
+// the primary, a *ReplicaBehindError, or its answer anyway (outBehind),
+// read now if it was not.
+func (r *replicaRead) behind(a *attempt) (outcome, error) {
+	switch err := r.cn.behind(r.ctx, a.b.node, r.wm, ""); {
+	case err == errUsePrimary:
+		return outBehindPrimary, nil
+	case err != nil:
+		return outFailed, err
+	}
+	if !a.ran {
+		a.read()
+	}
+	return outBehind, nil
+}
+
+// answer says what the read's answer is: one that stands, or one that
+// shows the read must go elsewhere (nothing ran, or nothing reached the
+// caller).
+func (r *replicaRead) answer(a *attempt) outcome {
 	b := a.b
-	budget := cn.c.budget(ctx)
-	method := cn.c.methodFor(b)
-	serverWaits := method != WaitPoll
-	held, over := false, false
-	if serverWaits {
-		held = cn.c.enterWait(b.node)
-		over = !held
-		if over {
-			method, serverWaits = WaitPoll, false
+	switch {
+	case a.unset:
+		return outSettingsRefused
+	case a.err == nil, r.ctx.Err() != nil:
+		return outAnswer
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(a.err, &pgErr) {
+		if o := r.refusal(pgErr); o != outAnswer {
+			return o
 		}
 	}
-	defer func() {
-		if held {
-			cn.c.leaveWait(b.node)
-		}
-	}()
-	deadline := time.Now().Add(budget)
-	// Behind a transaction pooler the check must run in the read's own
-	// implicit transaction, chained in front of its extended-protocol
-	// execution: a transaction of its own could reach another server
-	// connection, and after a repoint another server, than the read.
-	// Where it cannot (a simple-protocol read, PolarDB's SETs), the read
-	// is not checked on the replica at all.
-	// (pgx sends a transaction's BEGIN as a simple Query, always.)
-	pooled := b.peer.TxPooled
-	if pooled && (b.noChain || method == WaitPolar || a.op.kind == opBegin) {
-		return waitUnchecked, nil
+	if b.closed() || errors.Is(a.err, driver.ErrBadConn) || pgconn.SafeToRetry(a.err) || pgErr != nil && replicaFault(pgErr) {
+		// The replica failed the read before any row reached the caller
+		// (pgx reads the first row before returning): a read is safe to
+		// send again, to another node.
+		return outFault
 	}
-	for i := 0; ; i++ {
-		if i < pipelinedAttempts || serverWaits || pooled {
-			inj := cn.c.armCheck(b, method, *wm, max(time.Until(deadline), time.Millisecond))
-			notices := b.wire.Notices()
-			a.read()
-			if partial {
-				partial = false
-				w, err := cn.watermark(ctx) // settles the capture first
-				if err != nil {
-					return waitTimeout, fmt.Errorf("%w: %w", errPositionLost, err)
-				}
-				*wm = w
-			}
-			if pooled && !inj.Sent() {
-				// A read in the simple protocol: the connection's reads
-				// are (default_query_exec_mode=simple_protocol).
-				a.drop()
-				b.noChain = b.noChain || inj.Refused()
-				return waitUnchecked, nil
-			}
-			if a.unset {
-				return waitOK, nil
-			}
-			res, err := cn.c.checked(b, method, inj, *wm)
-			if err == nil && res == waitOK && method == WaitPolar {
-				res = cn.c.polarOutcome(b, a, *wm, notices)
-			}
-			if err == nil && inj.Err() != nil {
-				a.drop() // the server skipped the read behind the check
-			}
-			if err != nil || res != waitBehind {
-				return res, err
-			}
-		} else {
-			res, err := cn.c.pollOnce(ctx, b, *wm)
-			if err != nil || res != waitBehind {
-				if err == nil && res == waitOK {
-					a.read()
-				}
-				return res, err
-			}
-		}
-		a.drop()
-		left := time.Until(deadline)
-		if !held && !over && left > 0 {
-			held = cn.c.enterWait(b.node)
-			over = !held
-		}
-		if over {
-			return waitBusy, nil
-		}
-		if left <= 0 {
-			cn.c.stats.waitTimeouts.Add(1)
-			return waitTimeout, nil
-		}
-		if i == 0 {
-			cn.c.stats.waits.Add(1)
-			cn.obs.waited = true
-		}
-		if err := ctxsleep.Sleep(ctx, min(cn.c.pollDelay(b.node, *wm, i), left)); err != nil {
-			return waitTimeout, err
+	return outAnswer
+}
+
+// refusal is the outcome of a server error that says nothing ran and the
+// statement belongs elsewhere, or outAnswer.
+func (r *replicaRead) refusal(pgErr *pgconn.PgError) outcome {
+	switch {
+	case pgErr.Code == sqlstateReadOnly && r.query != "":
+		return outReadOnly
+	case refusedByStandby(pgErr):
+		// The standby refused to start the transaction (a database or
+		// role default of SERIALIZABLE, say). The primary can run it.
+		return outRefusedByStandby
+	case isStaleDescription(pgErr):
+		// A description pgx cached before a schema change (the session's
+		// own or another's ALTER TABLE, replayed here, or taken by a
+		// discarded attempt): pgx has dropped it. Read again.
+		return outStaleDescription
+	case r.query != "" && refusedAsStandby(pgErr):
+		// Refused because it is a standby (an unlogged table, a WAL
+		// function during recovery): the primary gives the answer pgx
+		// would.
+		r.refusedCode = pgErr.Code
+		return outRefusedAsStandby
+	}
+	return outAnswer
+}
+
+// served returns an answer that stands, and settles what it saw.
+func (r *replicaRead) served(a *attempt) (bool, func(), error) {
+	cn, b := r.cn, a.b
+	if a.err != nil {
+		err := a.err
+		a.finish()
+		cn.servedReplica(r.ctx, b.node, r.p.route, r.query == "")
+		return false, nil, err
+	}
+	if !b.stillStandby() {
+		// Promoted after this read was answered: the answer stands (it
+		// has everything the node replayed), the node does not.
+		b.node.record(eventPromoted)
+	}
+	cn.c.stats.replicaReads.Add(1)
+	cn.servedReplica(r.ctx, b.node, r.p.route, r.query == "")
+	r.op.checked = r.wm
+	switch {
+	case !r.trail:
+		return false, nil, nil
+	case a.post == nil:
+		// Nothing rides behind the read (one replica: see trailPolls):
+		// nothing to read after its rows, so the caller's rows need no
+		// wrapper to settle it.
+		a.finish()
+		return false, nil, nil
+	}
+	ctx, inj := r.ctx, a.post
+	return false, func() { cn.finishRead(ctx, b, inj, true) }, nil
+}
+
+// skip passes over b's node after outcome o, for another replica.
+func (r *replicaRead) skip(b *backend, o outcome) {
+	if o == outBusy {
+		r.busy = b.node
+		return
+	}
+	r.learn(b, o)
+}
+
+// learn applies outcome o's effect on b and its node.
+func (r *replicaRead) learn(b *backend, o outcome) {
+	e := effects[o]
+	closed := b.closed()
+	if e.conn == dropConn || e.conn == dropIfClosed && closed {
+		r.cn.dropReplica(b)
+	}
+	ev := e.event
+	if ev == eventGone {
+		ev = eventNone
+		if closed {
+			ev = eventDown
 		}
 	}
+	b.node.record(ev)
+	if e.why != FallbackNone {
+		r.cn.skip(b.node, e.why)
+	}
+}
+
+// again makes b's replica eligible for the next try after outcome o. After
+// outUnbounded it needs a primary position first, and an error means that
+// could not be read.
+func (r *replicaRead) again(b *backend, o outcome) error {
+	r.tried &^= 1 << uint(b.node.index%64)
+	if o != outUnbounded {
+		r.retriedStale = true
+		return nil
+	}
+	// The connection's last replica read ran on another server
+	// connection, and no poll bounded what it saw: only a primary position
+	// does now.
+	cn := r.cn
+	cn.unbounded = nil
+	cn.markLost(r.ctx, false)
+	r.spec = nil
+	var err error
+	r.wm, err = cn.watermark(r.ctx)
+	return err
 }
 
 // positionLost is onReplica's answer when the watermark a read needs could
 // not be read: the context's end, or else the primary.
-func (cn *Conn) positionLost(ctx context.Context) (onPrimary bool, done func(), err error) {
-	if err := ctx.Err(); err != nil {
+func (r *replicaRead) positionLost() (bool, func(), error) {
+	if err := r.ctx.Err(); err != nil {
 		return false, nil, err
 	}
-	cn.skip(nil, FallbackPositionLost)
+	return r.fellBack(nil, outPositionLost)
+}
+
+// fellBack sends the statement to the primary after outcome o on b's
+// replica (b nil: before any attempt).
+func (r *replicaRead) fellBack(b *backend, o outcome) (bool, func(), error) {
+	cn := r.cn
+	switch o {
+	case outReadOnly:
+		cn.c.classes.learnWrite(r.query)
+		*r.cls = cn.c.classes.get(r.query)
+		r.p.fellBack(true)
+		return true, nil, nil
+	case outRefusedAsStandby:
+		// It stays there from now on.
+		cn.c.classes.learnPrimary(r.query, r.refusedCode)
+		*r.cls = cn.c.classes.get(r.query)
+	case outSettingsRefused:
+		// The replica would not take the connection's settings: its reads
+		// stay on the primary, where the settings are.
+		cn.sess.set.refused = cn.sess.set.version
+		cn.setPins(cn.pins|pinSettings, "settings a replica refused")
+	case outSettingsPooled:
+		// Behind a transaction pooler a setting cannot be made to travel
+		// with the read (it would stay on whichever server connection
+		// took it, for other clients): the reads stay on the primary, as
+		// with pgx.
+		cn.sess.set.refused = cn.sess.set.version
+		cn.setPins(cn.pins|pinSettings, "session settings behind a transaction pooler")
+	case outPositionLost:
+		cn.skip(nil, FallbackPositionLost)
+	}
+	if b != nil {
+		r.learn(b, o)
+	}
+	r.p.fellBack(false)
 	return cn.toPrimary(), nil, nil
 }
 

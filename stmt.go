@@ -230,18 +230,15 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 		return t, err
 	}
 	cn.obs = stmtObs{}
-	// A standby refuses SERIALIZABLE ("cannot use serializable mode in a
-	// hot standby"), so a read-only serializable transaction runs on the
-	// primary, where it means what it says.
-	serializable := sql.IsolationLevel(opts.Isolation) == sql.LevelSerializable
-	if opts.ReadOnly && !serializable && cn.pins == 0 && !wantsPrimary(ctx) && cn.primary.idle() {
+	p := cn.planForBegin(ctx, opts)
+	if p.target == targetReplica {
 		// BEGIN is routed like a read: the replica's check rides in front
 		// of it, so the snapshot, taken by the transaction's first
 		// statement, is no older than the watermark. A failed check rolls
 		// the transaction back before anything ran in it.
 		var none sqlclass.Result
 		op := cn.startOp(replicaOp{kind: opBegin, ctx: ctx, opts: opts})
-		onPrimary, _, err := cn.onReplica(ctx, "", &none, false, op)
+		onPrimary, _, err := cn.onReplica(ctx, "", &none, &p, false, op)
 		inner, on, checked := op.tx, op.on, op.checked
 		cn.op = replicaOp{}
 		if err != nil {
@@ -261,7 +258,7 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 		cn.primary.wire.Disarm()
 		cn.settleReset(ctx, reset)
 	}
-	cn.servedBegin(ctx, opts.ReadOnly)
+	cn.servedBegin(ctx, &p)
 	if err != nil {
 		cn.releaseFallback()
 		return nil, err

@@ -1,0 +1,332 @@
+package pgryw
+
+import (
+	"context"
+	"database/sql/driver"
+	"fmt"
+	"time"
+
+	"github.com/pgryw/pgryw/internal/ctxsleep"
+	"github.com/pgryw/pgryw/internal/lsn"
+	"github.com/pgryw/pgryw/internal/wire"
+)
+
+// One attempt of a replica read on one replica: the statement sent with
+// its check in front (pipelined) and its replay poll behind, its answer
+// used or discarded, and what the poll says the read saw.
+
+// attempt is one read on one replica: its answer, until used or discarded.
+type attempt struct {
+	ctx   context.Context
+	cn    *Conn
+	b     *backend
+	op    *replicaOp
+	trail bool            // a replay poll rides behind the read
+	post  *wire.Injection // that poll, once armed
+	ran   bool
+	err   error
+	// unset: the replica refused the connection's settings, which rode in
+	// front of the read; its answer must not be used.
+	unset bool
+}
+
+// opKind is what a replicaOp runs.
+type opKind uint8
+
+const (
+	opQuery opKind = iota // QueryContext: rows
+	opExec                // ExecContext: a result
+	opBegin               // BeginTx: a read-only transaction
+	opEnd                 // the end (COMMIT or ROLLBACK) of one
+)
+
+// replicaOp is the application's statement as an attempt runs it on the
+// replica it chose, and its answer. A struct kept in the Conn
+// (Conn.startOp) rather than closures over the caller's variables: a
+// replica read allocates nothing of pgryw's own.
+type replicaOp struct {
+	kind  opKind
+	ctx   context.Context
+	query string
+	args  []driver.NamedValue
+	opts  driver.TxOptions // opBegin
+	end   func() error     // opEnd
+
+	ok      bool    // run succeeded: there is an answer to discard
+	checked lsn.LSN // the watermark the replica was known or checked to have replayed
+	rows    driver.Rows
+	res     driver.Result
+	tx      driver.Tx
+	on      *backend // opBegin: where tx is open
+}
+
+// run sends the statement on b.
+func (o *replicaOp) run(b *backend) error {
+	var err error
+	switch o.kind {
+	case opQuery:
+		o.rows, err = b.query(o.ctx, o.query, o.args)
+	case opExec:
+		o.res, err = b.exec(o.ctx, o.query, o.args)
+	case opBegin:
+		var t driver.Tx
+		if t, err = b.conn.(driver.ConnBeginTx).BeginTx(o.ctx, o.opts); err == nil {
+			o.tx, o.on = t, b
+		}
+	case opEnd:
+		err = o.end()
+	}
+	o.ok = err == nil
+	return err
+}
+
+// discard throws away an answer that will not be used.
+func (o *replicaOp) discard() {
+	if !o.ok {
+		return
+	}
+	o.ok = false
+	switch o.kind {
+	case opQuery:
+		o.rows.Close()
+	case opBegin:
+		o.tx.Rollback()
+		o.tx = nil
+	}
+}
+
+func (a *attempt) read() {
+	if a.cn.poll.b == a.b {
+		a.cn.settlePoll(a.ctx) // its slot is about to be reused
+	}
+	set := a.cn.armSettings(a.b)
+	if w := a.b.wire; w != nil {
+		if a.trail && a.cn.c.cfg.ReadYourWrites && a.cn.c.trailPolls() && !a.b.peer.TxPooled {
+			a.post = a.b.injectPrepared(&a.b.post, stmtPoll, sqlPoll)
+			w.AppendAfterExec(a.post)
+		}
+	}
+	a.err = a.op.run(a.b)
+	a.ran = true
+	if w := a.b.wire; w != nil {
+		w.Disarm()
+	}
+	a.unset = a.cn.settledSettings(a.b, set)
+}
+
+// drop discards the answer, whatever it was. A discarded read may leave a
+// statement description in pgx's cache taken while the replica was behind
+// (say, before the session's own ALTER TABLE … ADD COLUMN); its next
+// execution then fails with "cached plan must not change result type"
+// before running, and onReplica reads again.
+func (a *attempt) drop() {
+	a.op.discard()
+	if a.post != nil {
+		a.cn.await(a.ctx, a.b, a.post) // its slot is about to be reused
+		a.post = nil
+	}
+	a.err, a.ran = nil, false
+}
+
+// finish settles a read that was served: it reads the replay position that
+// rode behind it and raises the connection's floor to it. Without one, the
+// floor is marked lost and the next replica read captures a primary position
+// first. The poll's answer comes after the read's own ReadyForQuery: when it
+// is not in yet, the read returns without it, and the connection's next
+// replica read, which is the first to need the floor, settles it
+// (settlePoll).
+func (a *attempt) finish() {
+	inj := a.post
+	a.post = nil
+	a.cn.finishRead(a.ctx, a.b, inj, a.trail)
+}
+
+// finishRead is attempt.finish, by value: a read whose rows are still open
+// calls it when they are closed, after its attempt is gone.
+func (cn *Conn) finishRead(ctx context.Context, b *backend, inj *wire.Injection, trail bool) {
+	if inj == nil {
+		switch {
+		case !trail || !cn.c.cfg.ReadYourWrites:
+		case !cn.c.trailPolls() && !b.peer.TxPooled:
+			cn.unbounded = b
+		case b.wire != nil:
+			cn.markLost(ctx, false)
+		}
+		return
+	}
+	cn.unbounded = nil
+	if inj.Sent() && !inj.Done() && !b.closed() && cn.poll.b == nil {
+		b.wire.Disarm()
+		cn.poll = pendingPoll{b: b, inj: inj}
+		return
+	}
+	cn.applyPoll(ctx, b, inj)
+}
+
+// trailPolls reports whether a replay poll rides behind each replica read to
+// bound what it saw. With one replica it does not: a connection's replica
+// reads all run on the same server connection to that replica, whose replay
+// position never goes backwards, so the read is its own bound
+// (Conn.unbounded), and the primary has everything a standby of it replayed.
+// Only a read on another server connection (the replica was reconnected,
+// perhaps restarted, which can take it back to an earlier consistent point)
+// needs the floor; it then reads a fresh primary position first (onReplica).
+func (c *Connector) trailPolls() bool { return len(c.topo.replicas) > 1 }
+
+// pendingPoll is a read's trailing replay poll whose answer had not arrived
+// when the read returned.
+type pendingPoll struct {
+	b   *backend
+	inj *wire.Injection
+}
+
+// settlePoll applies the connection's pending replay poll, waiting for its
+// answer within ctx: before the connection's next replica read, which needs
+// the floor and would reuse the poll's slot.
+func (cn *Conn) settlePoll(ctx context.Context) {
+	if p := cn.poll; p.b != nil {
+		cn.poll = pendingPoll{}
+		cn.applyPoll(ctx, p.b, p.inj)
+	}
+}
+
+// applyPoll reads a trailing replay poll's answer and raises the
+// connection's floor to it, or marks the floor lost.
+func (cn *Conn) applyPoll(ctx context.Context, b *backend, inj *wire.Injection) {
+	if !cn.await(ctx, b, inj) || inj.Err() != nil {
+		if err := inj.Err(); err != nil {
+			b.injectionFailed(stmtPoll, err)
+			if isRefusal(err) {
+				b.node.markRefused()
+			}
+		}
+		cn.markLost(ctx, false)
+		return
+	}
+	row, null := inj.Row()
+	l, known, inRecovery, err := parsePoll(row, null)
+	if err != nil || !known || !inRecovery {
+		// Promoted while reading: the read may have seen writes of the new
+		// history; only a primary position bounds it.
+		if err == nil && !inRecovery {
+			b.node.notStandby.Store(true)
+		}
+		cn.markLost(ctx, false)
+		return
+	}
+	cn.c.topo.observe(b.node, b.peer.Instance, l, time.Now().UnixNano())
+	cn.sess.wm.Advance(l)
+}
+
+// pipelined sends the read with its check in one flush and, while a polled
+// replica is merely behind, tries again within the budget: with the check
+// for the first few tries (so the answer costs no extra round trip when the
+// replica gets there), then polling alone and reading once it is there. With
+// WAIT FOR or PolarDB's wait the server does the waiting, so one try says
+// it all.
+//
+// A read waits on the replica only with one of max_waits' places: taken
+// before a server-side wait is sent, or before polling starts. Without one
+// it gets a check that does not wait (a replay position poll riding in
+// front of it, whatever the server), and waitBusy if that finds the
+// replica behind.
+//
+// With partial (polling only), the connection's own capture behind its last
+// write was still on its way when the read began, and *wm does not count
+// it: the poll needs no position, *wm is made whole once the read's answer
+// is in, and the poll's answer is compared with that. A replica found
+// behind is then waited for as usual.
+func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial bool) (waitResult, error) {
+	b := a.b
+	budget := cn.c.budget(ctx)
+	method := cn.c.methodFor(b)
+	serverWaits := method != WaitPoll
+	held, over := false, false
+	if serverWaits {
+		held = cn.c.enterWait(b.node)
+		over = !held
+		if over {
+			method, serverWaits = WaitPoll, false
+		}
+	}
+	defer func() {
+		if held {
+			cn.c.leaveWait(b.node)
+		}
+	}()
+	deadline := time.Now().Add(budget)
+	// Behind a transaction pooler the check must run in the read's own
+	// implicit transaction, chained in front of its extended-protocol
+	// execution: a transaction of its own could reach another server
+	// connection, and after a repoint another server, than the read.
+	// Where it cannot (a simple-protocol read, PolarDB's SETs), the read
+	// is not checked on the replica at all.
+	// (pgx sends a transaction's BEGIN as a simple Query, always.)
+	pooled := b.peer.TxPooled
+	if pooled && (b.noChain || method == WaitPolar || a.op.kind == opBegin) {
+		return waitUnchecked, nil
+	}
+	for i := 0; ; i++ {
+		if i < pipelinedAttempts || serverWaits || pooled {
+			inj := cn.c.armCheck(b, method, *wm, max(time.Until(deadline), time.Millisecond))
+			notices := b.wire.Notices()
+			a.read()
+			if partial {
+				partial = false
+				w, err := cn.watermark(ctx) // settles the capture first
+				if err != nil {
+					return waitTimeout, fmt.Errorf("%w: %w", errPositionLost, err)
+				}
+				*wm = w
+			}
+			if pooled && !inj.Sent() {
+				// A read in the simple protocol: the connection's reads
+				// are (default_query_exec_mode=simple_protocol).
+				a.drop()
+				b.noChain = b.noChain || inj.Refused()
+				return waitUnchecked, nil
+			}
+			if a.unset {
+				return waitOK, nil
+			}
+			res, err := cn.c.checked(b, method, inj, *wm)
+			if err == nil && res == waitOK && method == WaitPolar {
+				res = cn.c.polarOutcome(b, a, *wm, notices)
+			}
+			if err == nil && inj.Err() != nil {
+				a.drop() // the server skipped the read behind the check
+			}
+			if err != nil || res != waitBehind {
+				return res, err
+			}
+		} else {
+			res, err := cn.c.pollOnce(ctx, b, *wm)
+			if err != nil || res != waitBehind {
+				if err == nil && res == waitOK {
+					a.read()
+				}
+				return res, err
+			}
+		}
+		a.drop()
+		left := time.Until(deadline)
+		if !held && !over && left > 0 {
+			held = cn.c.enterWait(b.node)
+			over = !held
+		}
+		if over {
+			return waitBusy, nil
+		}
+		if left <= 0 {
+			cn.c.stats.waitTimeouts.Add(1)
+			return waitTimeout, nil
+		}
+		if i == 0 {
+			cn.c.stats.waits.Add(1)
+			cn.obs.waited = true
+		}
+		if err := ctxsleep.Sleep(ctx, min(cn.c.pollDelay(b.node, *wm, i), left)); err != nil {
+			return waitTimeout, err
+		}
+	}
+}

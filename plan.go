@@ -1,0 +1,168 @@
+package pgryw
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+
+	"github.com/pgryw/pgryw/internal/sqlclass"
+)
+
+// The plan: where a statement outside a database/sql transaction, or a
+// database/sql BEGIN, runs, decided once, before anything is sent, from
+// what was collected about it (its classification, the hints, the
+// connection's pins and whether a block is open on it). The order is fixed:
+// pass through (no replicas), refuse, force the primary, or a replica that
+// has replayed the watermark. The executors (execPrimary, queryPrimary,
+// onReplica) run the plan; only they change its route afterwards, when the
+// read falls back to the primary or a replica's refusal shows it writes.
+
+// target is where a plan sends a statement.
+type target uint8
+
+const (
+	targetPrimary target = iota
+	targetReplica        // a replica that has replayed the session's watermark
+	targetRefused        // a replica hint on a statement that must run on the primary
+)
+
+// plan is the decision for one statement. It is a small value on the
+// caller's stack: planning allocates nothing.
+type plan struct {
+	target target
+	// route is what ServedBy reports when the statement is served as
+	// planned (RouteReplica or RouteReplicaHint for targetReplica).
+	route Route
+	// read: the statement only reads (Connector.readOnly).
+	read bool
+	// tried: a replica was tried first (set by fellBack).
+	tried bool
+}
+
+// planInput is everything a plan depends on.
+type planInput struct {
+	read        bool // only reads: the classifier, the catalog, read_/write_functions
+	node        bool // its answer depends on the node (node identity, node-local state)
+	pin         bool // the statement itself pins the connection (session state)
+	txControl   bool // BEGIN, COMMIT, SAVEPOINT … sent as a statement
+	hintReplica bool // /* pgryw:replica */ or WithReplica(ctx)
+	hintPrimary bool // /* pgryw:primary */ or WithPrimary(ctx)
+	pinned      bool // session state lives on this connection's primary session
+	inBlock     bool // an Exec'd transaction block is open on the primary
+
+	// begin: a database/sql BeginTx, whose options follow.
+	begin        bool
+	readOnlyTx   bool
+	serializable bool
+}
+
+// planStmt is the routing decision, a pure function (its whole table is in
+// plan_test.go). Which replica, and whether it must be checked first, is
+// topology.pick's part; whether the statement pins the connection is
+// sqlclass.Result.Pin.
+func planStmt(in planInput) plan {
+	if in.begin {
+		return planBegin(in)
+	}
+	p := plan{read: in.read}
+	switch {
+	case in.hintReplica && !in.read:
+		p.target = targetRefused
+		return p
+	case in.read && !in.hintPrimary && !in.inBlock && (in.hintReplica || !in.pinned && !in.node):
+		// A replica hint overrides pinning and a node-local answer: the
+		// caller says the statement does not depend on this connection's
+		// session state, or wants a replica's answer.
+		p.target, p.route = targetReplica, replicaRoute(in.hintReplica)
+		return p
+	}
+	p.route = primaryRoute(in)
+	return p
+}
+
+// primaryRoute is the route of a statement planned for the primary, by the
+// first reason that keeps it there.
+func primaryRoute(in planInput) Route {
+	switch {
+	case in.inBlock || in.txControl:
+		return RouteTransaction
+	case in.pin:
+		return RoutePinned
+	case !in.read:
+		return RouteWrite
+	case in.hintPrimary:
+		return RoutePrimaryHint
+	case in.pinned:
+		return RoutePinned
+	}
+	return RouteNodeLocal
+}
+
+// planBegin is planStmt for a database/sql BEGIN. A read-only transaction
+// may run wholly on a replica, but not a serializable one: a standby
+// refuses SERIALIZABLE ("cannot use serializable mode in a hot standby"),
+// so it runs on the primary, where it means what it says.
+func planBegin(in planInput) plan {
+	p := plan{read: in.readOnlyTx}
+	switch {
+	case in.readOnlyTx && !in.serializable && !in.pinned && !in.hintPrimary && !in.inBlock:
+		p.target, p.route = targetReplica, replicaRoute(in.hintReplica)
+	case in.readOnlyTx && in.hintPrimary:
+		p.route = RoutePrimaryHint
+	case in.readOnlyTx && in.pinned:
+		p.route = RoutePinned
+	default:
+		p.route = RouteTransaction
+	}
+	return p
+}
+
+func replicaRoute(hinted bool) Route {
+	if hinted {
+		return RouteReplicaHint
+	}
+	return RouteReplica
+}
+
+// fellBack is the route of a planned replica read that the executor moved
+// to the primary: a fallback, or a write when a replica's refusal (25006)
+// showed it writes.
+func (p *plan) fellBack(wrote bool) {
+	p.target, p.tried = targetPrimary, true
+	if wrote {
+		p.route, p.read = RouteWrite, false
+		return
+	}
+	p.route = RouteFallback
+}
+
+// planFor collects a statement's inputs and plans it.
+func (cn *Conn) planFor(ctx context.Context, cls *sqlclass.Result) plan {
+	p := planStmt(planInput{
+		read:        cn.c.readOnly(cls),
+		node:        cls.Node,
+		pin:         cls.Pin,
+		txControl:   cls.Tx != sqlclass.TxNone,
+		hintReplica: cls.Hint == sqlclass.HintReplica || wantsReplica(ctx),
+		hintPrimary: cls.Hint == sqlclass.HintPrimary || wantsPrimary(ctx),
+		pinned:      cn.pins != 0,
+		inBlock:     !cn.primary.idle(),
+	})
+	if p.target == targetPrimary && p.read {
+		cn.c.stats.primaryReads.Add(1) // pinned, hinted, node-local, or in a block
+	}
+	return p
+}
+
+// planForBegin collects a database/sql BEGIN's inputs and plans it.
+func (cn *Conn) planForBegin(ctx context.Context, opts driver.TxOptions) plan {
+	return planStmt(planInput{
+		begin:        true,
+		readOnlyTx:   opts.ReadOnly,
+		serializable: sql.IsolationLevel(opts.Isolation) == sql.LevelSerializable,
+		hintReplica:  wantsReplica(ctx),
+		hintPrimary:  wantsPrimary(ctx),
+		pinned:       cn.pins != 0,
+		inBlock:      !cn.primary.idle(),
+	})
+}
