@@ -52,8 +52,10 @@ func TestCatalogFailureBackoff(t *testing.T) {
 		mu.Unlock()
 		return nil, errors.New("connection refused")
 	})
+	const backoff = 100 * time.Millisecond // catalogBackoffMin's part, shortened
+	c.funcs.backoffMin = backoff
 	start := time.Now()
-	for time.Since(start) < catalogBackoffMin+400*time.Millisecond {
+	for time.Since(start) < backoff+40*time.Millisecond {
 		for i := 0; i < 10; i++ {
 			if c.funcReadOnly(fmt.Sprintf("f%d", i)) {
 				t.Fatalf("f%d read-only without an answer", i)
@@ -64,12 +66,12 @@ func TestCatalogFailureBackoff(t *testing.T) {
 	mu.Lock()
 	got := append([]time.Time(nil), dials...)
 	mu.Unlock()
-	if len(got) != 2 || got[1].Sub(got[0]) < catalogBackoffMin {
+	if len(got) != 2 || got[1].Sub(got[0]) < backoff {
 		var at []time.Duration
 		for _, d := range got {
 			at = append(at, d.Sub(start).Round(time.Millisecond))
 		}
-		t.Fatalf("dials at %v; want two, %v apart", at, catalogBackoffMin)
+		t.Fatalf("dials at %v; want two, %v apart", at, backoff)
 	}
 	c.Close()
 	if _, _, running := c.funcs.state(); running {
@@ -131,6 +133,7 @@ func TestCatalogIdleWorkerEnds(t *testing.T) {
 		return nil, errors.New("connection refused")
 	})
 	c.funcs.idle = 50 * time.Millisecond
+	c.funcs.backoffMin = 50 * time.Millisecond
 	c.funcReadOnly("f")
 	deadline := time.Now().Add(2 * time.Second)
 	for {

@@ -206,13 +206,16 @@ type funcCatalog struct {
 	failures  int       // consecutive failed turns
 	notBefore time.Time // the worker's next turn waits until then
 
-	idle    time.Duration // 0: catalogIdle; tests shorten it
-	turn    chan struct{} // closed (and replaced) at the end of each turn
-	running bool          // a worker goroutine is running
-	closed  bool          // Connector.Close: no worker starts any more
-	wake    chan struct{}
-	cancel  context.CancelFunc // the running worker's
-	wg      sync.WaitGroup
+	idle time.Duration // 0: catalogIdle; tests shorten it
+	// backoffMin: the first backoff after a failed turn (0:
+	// catalogBackoffMin); tests shorten it.
+	backoffMin time.Duration
+	turn       chan struct{} // closed (and replaced) at the end of each turn
+	running    bool          // a worker goroutine is running
+	closed     bool          // Connector.Close: no worker starts any more
+	wake       chan struct{}
+	cancel     context.CancelFunc // the running worker's
+	wg         sync.WaitGroup
 }
 
 const (
@@ -590,9 +593,13 @@ func (fc *funcCatalog) answered(names []string, ro []funcInfo, err error, stoppi
 		return
 	}
 	fc.failures++
+	first := catalogBackoffMin
+	if fc.backoffMin > 0 {
+		first = fc.backoffMin
+	}
 	d := catalogBackoffMax
-	if fc.failures <= 5 && catalogBackoffMin<<(fc.failures-1) < d {
-		d = catalogBackoffMin << (fc.failures - 1)
+	if fc.failures <= 5 && first<<(fc.failures-1) < d {
+		d = first << (fc.failures - 1)
 	}
 	fc.notBefore = time.Now().Add(d)
 	if len(fc.retry)+len(names) > catalogMaxRetry {

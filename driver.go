@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -81,6 +82,9 @@ type Connector struct {
 	overrides funcOverrides // write_functions, read_functions
 	funcs     funcCatalog
 	noCatalog bool // unit tests: no primary to ask
+	// monitorEvery is how often the monitor looks at each node (0:
+	// monitorInterval); tests shorten it.
+	monitorEvery time.Duration
 
 	stats   counters
 	over    overload // max_fallback and max_waits (max_replica_lag is topo.lag)

@@ -222,8 +222,10 @@ const backoffRead = "SELECT v FROM t"
 // read_your_writes=off too, where the monitor sends nothing to a healthy
 // replica.
 func TestDownReplicaBackoff(t *testing.T) {
+	t.Parallel()
 	for _, extra := range []string{"", "read_your_writes=off"} {
 		t.Run("extra="+extra, func(t *testing.T) {
+			t.Parallel()
 			writer, replica := fakeNodes(t)
 			proxy := startToggleProxy(t, replica.Addr())
 			cfg, err := ParseDSN(fmt.Sprintf("host=%s port=%d user=app password=hunter2 dbname=app sslmode=disable connect_timeout=2 replicas=%s %s",
@@ -238,6 +240,14 @@ func TestDownReplicaBackoff(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.noCatalog = true
+			// The probes' backoff starts at first, not probeBackoffMin, so
+			// the test runs in a fraction of the time; it is the same
+			// doubling.
+			const first = 20 * time.Millisecond
+			for _, r := range c.topo.replicas {
+				r.probeMin = first
+			}
+			c.monitorEvery = first / 2
 			var mu sync.Mutex
 			var down bool
 			var probes []time.Time // the monitor's connection attempts while down
@@ -289,7 +299,7 @@ func TestDownReplicaBackoff(t *testing.T) {
 			mu.Unlock()
 			proxy.SetTarget("")
 			start := time.Now()
-			for time.Since(start) < 2500*time.Millisecond {
+			for time.Since(start) < 25*first {
 				if v := read(); v != "writer" {
 					t.Fatalf("a read was served by the down replica")
 				}
@@ -311,7 +321,7 @@ func TestDownReplicaBackoff(t *testing.T) {
 				at = append(at, p.Sub(start).Round(time.Millisecond))
 			}
 			for i := 1; i < len(got); i++ {
-				if gap, min := got[i].Sub(got[i-1]), probeBackoff(int32(i)); gap < min-5*time.Millisecond {
+				if gap, min := got[i].Sub(got[i-1]), backoffFrom(first, int32(i)); gap < min-5*time.Millisecond {
 					t.Errorf("probe %d came %v after the one before, want at least %v (probes at %v)", i, gap, min, at)
 				}
 			}

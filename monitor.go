@@ -115,6 +115,14 @@ func (c *Connector) settleInflight(ctx context.Context) {
 	}
 }
 
+// every is how often the monitor looks at each node.
+func (c *Connector) every() time.Duration {
+	if c.monitorEvery > 0 {
+		return c.monitorEvery
+	}
+	return monitorInterval
+}
+
 // watch probes one node whenever it is due, until ctx ends, and logs what
 // changed about it.
 func (c *Connector) watch(ctx context.Context, n *node) {
@@ -134,11 +142,11 @@ func (c *Connector) watch(ctx context.Context, n *node) {
 		case <-t.C:
 		}
 		now := time.Now()
-		next := monitorInterval
+		next := c.every()
 		switch {
 		case n.down.Load():
 			if wait := time.Duration(n.retryAt.Load() - now.UnixNano()); wait > 0 {
-				next = min(wait, monitorInterval)
+				next = min(wait, next)
 				break
 			}
 			b, last = c.probe(ctx, n, b), now

@@ -62,6 +62,9 @@ type node struct {
 	down    atomic.Bool
 	fails   atomic.Int32 // failures in a row, for the probe backoff
 	retryAt atomic.Int64 // unix nanos; when the monitor probes a down node next
+	// probeMin is the first probe backoff (0: probeBackoffMin); tests
+	// shorten it.
+	probeMin time.Duration
 	// ups counts the node's returns from down: a connection opened before
 	// the last one most likely died with the server (see Conn.replica).
 	ups atomic.Uint32
@@ -85,12 +88,23 @@ const (
 
 // probeBackoff is how long a node that failed k times in a row (k ≥ 1)
 // waits for its next probe.
-func probeBackoff(k int32) time.Duration {
-	d := probeBackoffMin
+func probeBackoff(k int32) time.Duration { return backoffFrom(probeBackoffMin, k) }
+
+// backoffFrom is probeBackoff from first instead of probeBackoffMin.
+func backoffFrom(first time.Duration, k int32) time.Duration {
+	d := first
 	for i := int32(1); i < k && d < probeBackoffMax; i++ {
 		d *= 2
 	}
 	return min(d, probeBackoffMax)
+}
+
+// backoff is n's probeBackoff.
+func (n *node) backoff(k int32) time.Duration {
+	if n.probeMin > 0 {
+		return backoffFrom(n.probeMin, k)
+	}
+	return probeBackoff(k)
 }
 
 // replaySeen is a replay position and the server instance
@@ -183,7 +197,7 @@ func (n *node) markDown() {
 	if n.down.Load() {
 		return
 	}
-	n.retryAt.Store(time.Now().Add(probeBackoff(n.fails.Load() + 1)).UnixNano())
+	n.retryAt.Store(time.Now().Add(n.backoff(n.fails.Load() + 1)).UnixNano())
 	if n.down.CompareAndSwap(false, true) {
 		n.fails.Add(1)
 	}
@@ -193,7 +207,7 @@ func (n *node) markDown() {
 // waits twice as long as the last.
 func (n *node) probeFailed() {
 	k := n.fails.Add(1)
-	n.retryAt.Store(time.Now().Add(probeBackoff(k)).UnixNano())
+	n.retryAt.Store(time.Now().Add(n.backoff(k)).UnixNano())
 	n.down.Store(true)
 }
 

@@ -155,6 +155,7 @@ func TestProtocolCloseDrainsRideAlong(t *testing.T) {
 // When the answer never comes, closing waits wire.DrainWait for it, then
 // ends the connection anyway: a stalled server does not hold the caller.
 func TestProtocolCloseGivesUpAfterDrainWait(t *testing.T) {
+	t.Parallel()
 	db, rs, _ := twoHeldReplicas(t, 0)
 	var v string
 	returned := time.Now() // (Scan closes the rows, and database/sql the connection, before it returns)

@@ -699,6 +699,7 @@ func warmReplica(t *testing.T, pc *protoCluster) {
 // is known to be caught up. (With one replica nothing rides behind a read;
 // TestProtocolTwoReplicasTrailingPoll shows the poll behind it.)
 func TestProtocolReplicaReadPollsInOneFlush(t *testing.T) {
+	t.Parallel()
 	pc := newProtoCluster(t, "15.4", "")
 	warmReplica(t, pc)
 	pc.r.replays(protoLSN)
@@ -1063,6 +1064,7 @@ func TestProtocolFailedWriteStillCaptures(t *testing.T) {
 // read_your_writes=off, and a pool without replicas: nothing of pgryw's on
 // the wire (no capture, no check, no trailing poll, no monitor).
 func TestProtocolNothingRidesAlong(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, extra string
 		replicas    bool
