@@ -237,24 +237,8 @@ func (cn *Conn) applyPoll(ctx context.Context, b *backend, inj *wire.Injection) 
 // is in, and the poll's answer is compared with that. A replica found
 // behind is then waited for as usual.
 func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial bool) (waitResult, error) {
-	b := a.b
-	budget := cn.c.budget(ctx)
-	method := cn.c.methodFor(b)
-	serverWaits := method != WaitPoll
-	held, over := false, false
-	if serverWaits {
-		held = cn.c.enterWait(b.node)
-		over = !held
-		if over {
-			method, serverWaits = WaitPoll, false
-		}
-	}
-	defer func() {
-		if held {
-			cn.c.leaveWait(b.node)
-		}
-	}()
-	deadline := time.Now().Add(budget)
+	w := cn.startWait(ctx, a.b, partial)
+	defer w.leave()
 	// Behind a transaction pooler the check must run in the read's own
 	// implicit transaction, chained in front of its extended-protocol
 	// execution: a transaction of its own could reach another server
@@ -262,71 +246,130 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 	// Where it cannot (a simple-protocol read, PolarDB's SETs), the read
 	// is not checked on the replica at all.
 	// (pgx sends a transaction's BEGIN as a simple Query, always.)
-	pooled := b.peer.TxPooled
-	if pooled && (b.noChain || method == WaitPolar || a.op.kind == opBegin) {
+	if w.pooled && (a.b.noChain || w.method == WaitPolar || a.op.kind == opBegin) {
 		return waitUnchecked, nil
 	}
 	for i := 0; ; i++ {
-		if i < pipelinedAttempts || serverWaits || pooled {
-			inj := cn.c.armCheck(b, method, *wm, max(time.Until(deadline), time.Millisecond))
-			notices := b.wire.Notices()
-			a.read()
-			if partial {
-				partial = false
-				w, err := cn.watermark(ctx) // settles the capture first
-				if err != nil {
-					return waitTimeout, fmt.Errorf("%w: %w", errPositionLost, err)
-				}
-				*wm = w
-			}
-			if pooled && !inj.Sent() {
-				// A read in the simple protocol: the connection's reads
-				// are (default_query_exec_mode=simple_protocol).
-				a.drop()
-				b.noChain = b.noChain || inj.Refused()
-				return waitUnchecked, nil
-			}
-			if a.unset {
-				return waitOK, nil
-			}
-			res, err := cn.c.checked(b, method, inj, *wm)
-			if err == nil && res == waitOK && method == WaitPolar {
-				res = cn.c.polarOutcome(b, a, *wm, notices)
-			}
-			if err == nil && inj.Err() != nil {
-				a.drop() // the server skipped the read behind the check
-			}
-			if err != nil || res != waitBehind {
-				return res, err
-			}
+		var res waitResult
+		var err error
+		if i < pipelinedAttempts || w.serverWaits || w.pooled {
+			res, err = w.checkRead(ctx, a, wm)
 		} else {
-			res, err := cn.c.pollOnce(ctx, b, *wm)
-			if err != nil || res != waitBehind {
-				if err == nil && res == waitOK {
-					a.read()
-				}
-				return res, err
-			}
+			res, err = w.pollRead(ctx, a, *wm)
+		}
+		if err != nil || res != waitBehind {
+			return res, err
 		}
 		a.drop()
-		left := time.Until(deadline)
-		if !held && !over && left > 0 {
-			held = cn.c.enterWait(b.node)
-			over = !held
-		}
-		if over {
-			return waitBusy, nil
-		}
-		if left <= 0 {
-			cn.c.stats.waitTimeouts.Add(1)
-			return waitTimeout, nil
-		}
-		if i == 0 {
-			cn.c.stats.waits.Add(1)
-			cn.obs.waited = true
-		}
-		if err := ctxsleep.Sleep(ctx, min(cn.c.pollDelay(b.node, *wm, i), left)); err != nil {
-			return waitTimeout, err
+		if res, again, err := w.pause(ctx, *wm, i); !again {
+			return res, err
 		}
 	}
+}
+
+// waiting is one pipelined wait on one replica: its method, its budget's
+// end, and its place among max_waits.
+type waiting struct {
+	cn          *Conn
+	b           *backend
+	method      WaitMethod
+	serverWaits bool // WAIT FOR or PolarDB's wait: the server does the waiting
+	pooled      bool // behind a transaction pooler
+	held, over  bool // a max_waits place is held; none was free
+	partial     bool // the connection's own capture is still on its way
+	deadline    time.Time
+}
+
+// startWait begins a wait on b: a server-side wait takes a max_waits place
+// first, and without one the read gets a poll that does not wait.
+func (cn *Conn) startWait(ctx context.Context, b *backend, partial bool) waiting {
+	budget := cn.c.budget(ctx)
+	w := waiting{cn: cn, b: b, method: cn.c.methodFor(b), pooled: b.peer.TxPooled, partial: partial}
+	w.serverWaits = w.method != WaitPoll
+	if w.serverWaits {
+		w.held = cn.c.enterWait(b.node)
+		w.over = !w.held
+		if w.over {
+			w.method, w.serverWaits = WaitPoll, false
+		}
+	}
+	w.deadline = time.Now().Add(budget)
+	return w
+}
+
+// leave gives back the max_waits place, if held.
+func (w *waiting) leave() {
+	if w.held {
+		w.cn.c.leaveWait(w.b.node)
+	}
+}
+
+// checkRead sends the read with its check in front, in one flush, and says
+// what the check found; waitBehind means the read's answer was not used.
+func (w *waiting) checkRead(ctx context.Context, a *attempt, wm *lsn.LSN) (waitResult, error) {
+	c, b := w.cn.c, w.b
+	inj := c.armCheck(b, w.method, *wm, max(time.Until(w.deadline), time.Millisecond))
+	notices := b.wire.Notices()
+	a.read()
+	if w.partial {
+		w.partial = false
+		l, err := w.cn.watermark(ctx) // settles the capture first
+		if err != nil {
+			return waitTimeout, fmt.Errorf("%w: %w", errPositionLost, err)
+		}
+		*wm = l
+	}
+	if w.pooled && !inj.Sent() {
+		// A read in the simple protocol: the connection's reads are
+		// (default_query_exec_mode=simple_protocol).
+		a.drop()
+		b.noChain = b.noChain || inj.Refused()
+		return waitUnchecked, nil
+	}
+	if a.unset {
+		return waitOK, nil
+	}
+	res, err := c.checked(b, w.method, inj, *wm)
+	if err == nil && res == waitOK && w.method == WaitPolar {
+		res = c.polarOutcome(b, a, *wm, notices)
+	}
+	if err == nil && inj.Err() != nil {
+		a.drop() // the server skipped the read behind the check
+	}
+	return res, err
+}
+
+// pollRead polls alone, and sends the read once the replica is there.
+func (w *waiting) pollRead(ctx context.Context, a *attempt, wm lsn.LSN) (waitResult, error) {
+	res, err := w.cn.c.pollOnce(ctx, w.b, wm)
+	if err == nil && res == waitOK {
+		a.read()
+	}
+	return res, err
+}
+
+// pause waits before try i+1, within the budget and with a max_waits
+// place; again is false when the wait is over, with its result.
+func (w *waiting) pause(ctx context.Context, wm lsn.LSN, i int) (res waitResult, again bool, err error) {
+	cn := w.cn
+	left := time.Until(w.deadline)
+	if !w.held && !w.over && left > 0 {
+		w.held = cn.c.enterWait(w.b.node)
+		w.over = !w.held
+	}
+	switch {
+	case w.over:
+		return waitBusy, false, nil
+	case left <= 0:
+		cn.c.stats.waitTimeouts.Add(1)
+		return waitTimeout, false, nil
+	}
+	if i == 0 {
+		cn.c.stats.waits.Add(1)
+		cn.obs.waited = true
+	}
+	if err := ctxsleep.Sleep(ctx, min(cn.c.pollDelay(w.b.node, wm, i), left)); err != nil {
+		return waitTimeout, false, err
+	}
+	return 0, true, nil
 }

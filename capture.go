@@ -139,11 +139,18 @@ func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 	}
 	pos, havePos := cn.settleCapture(ctx, w, ws.inj)
 	cn.settleReadBack(ctx, ws, err)
-	closed = w.closed()
-	inBlock = !closed && !w.idle()
-	if !cn.c.cfg.ReadYourWrites {
-		return
+	if cn.c.cfg.ReadYourWrites {
+		cn.settled(ctx, ws, pos, havePos, wrote)
 	}
+}
+
+// settled moves the watermarks after a statement on the primary: by its
+// position (wrote: it may have committed a write), or, without one, by a
+// capture of its own or by marking the position lost.
+func (cn *Conn) settled(ctx context.Context, ws *primaryStmt, pos primaryPos, havePos, wrote bool) {
+	w := cn.primary
+	closed := w.closed()
+	inBlock := !closed && !w.idle()
 	switch {
 	case havePos && wrote:
 		cn.advance(ctx, pos, ws.seen)
@@ -407,7 +414,6 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 	if !cn.c.cfg.ReadYourWrites {
 		return 0, nil
 	}
-	db := cn.c.cfg.SessionScope == ScopeDB
 	cn.settlePoll(ctx) // the floor of this connection's last replica read
 	// Writes that returned before their positions arrived (deferred.go).
 	if skip == nil {
@@ -415,106 +421,143 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 			return 0, err
 		}
 	}
-	// Other connections' captures: one that is late counts as lost here.
-	cs := SessionFrom(ctx)
-	var late []*pendingCapture
-	dbLost, csLost := false, false
-	if db {
-		l, err := cn.c.inflight.settleOthers(ctx, skip)
-		if err != nil {
-			return 0, err
-		}
-		late, dbLost = l, len(l) > 0
+	w := wmSources{db: cn.c.cfg.SessionScope == ScopeDB, cs: SessionFrom(ctx)}
+	if err := cn.collect(ctx, skip, &w); err != nil {
+		return 0, err
 	}
-	if cs != nil {
-		l, err := cs.inflight.settleOthers(ctx, skip)
-		if err != nil {
+	if w.connLost || w.dbLost || w.csLost || w.foreign || w.beyond {
+		if err := cn.recapture(ctx, skip, &w); err != nil {
 			return 0, err
-		}
-		late, csLost = append(late, l...), len(l) > 0
-	}
-	_, connLost := cn.sess.pending()
-	if db && !dbLost {
-		_, dbLost = cn.c.db.pending()
-	}
-	var csGen generation
-	var csPos lsn.LSN
-	if cs != nil {
-		if !csLost {
-			_, csLost = cs.pending()
-		}
-		csGen, csPos = cs.position()
-	}
-	var gen generation
-	if csPos > 0 {
-		if err := cn.checkPrimary(ctx); err != nil {
-			return 0, err
-		}
-		gen = cn.c.generationOf(ctx, cn.primary)
-	}
-	foreign := csPos > 0 && csGen != gen
-	// Only an unsigned position can be forged; a signed one was issued
-	// after a real commit.
-	beyond := csPos > 0 && !foreign && !cs.signed() && csPos > cn.c.topo.hist.latest()
-	if connLost || dbLost || csLost || foreign || beyond {
-		if skip != nil {
-			// The capture below goes on the primary connection, behind
-			// the answer still on its way: take that first.
-			if err := cn.settlePending(ctx, true); err != nil {
-				return 0, err
-			}
-		}
-		if err := cn.checkPrimary(ctx); err != nil {
-			return 0, err
-		}
-		seen := cn.lostSeen(ctx)
-		p, err := capture(ctx, cn.primary)
-		if err != nil {
-			cn.c.stats.captureFailures.Add(1)
-			return 0, err
-		}
-		cn.c.stats.captures.Add(1)
-		if csPos > 0 {
-			// The capture may be the first position of a new writer.
-			gen = cn.c.genAt(ctx, cn.primary, p.tli)
-			// A later timeline of this system than the writer's own is
-			// kept from a signed token (issued after a real commit, by a
-			// writer this one has not caught up with), or when this
-			// connector has seen a writer on it (this connection reaches
-			// one since replaced); an unsigned one beyond both may be
-			// forged, and would make every read wait.
-			foreign = csGen != gen && (!newer(csGen, gen) || !cs.signed() && csGen.timeline > cn.c.tli.Load())
-		}
-		switch {
-		case foreign:
-			cn.c.stats.tokensRebased.Add(1)
-			cs.rebase(gen, p.lsn)
-		case beyond && csPos > p.lsn:
-			cn.c.stats.tokensClamped.Add(1)
-			cs.rebase(gen, p.lsn)
-		}
-		if dbLost || csLost {
-			if cn.advance(ctx, p, seen) {
-				for _, lp := range late {
-					lp.retire(db, cs) // covered: no reader waits for it again
-				}
-			} else if len(late) > 0 {
-				// Read on a writer since replaced: it does not cover the
-				// late writes, made on the current one.
-				return 0, errPositionLost
-			}
-		} else {
-			cn.raiseConn(p, seen)
 		}
 	}
 	wm := cn.sess.wm.Load()
-	if db {
+	if w.db {
 		wm = max(wm, cn.c.db.wm.Load())
 	}
-	if cs != nil {
-		wm = max(wm, cs.wm.Load())
+	if w.cs != nil {
+		wm = max(wm, w.cs.wm.Load())
 	}
 	return wm, nil
+}
+
+// wmSources is what a read's watermark is made of, and what is wrong with
+// it: positions lost (or late) on the way, and a session position from
+// another history (foreign) or beyond anything the primary wrote (beyond).
+type wmSources struct {
+	db bool     // session_scope=db: the pool's watermark counts
+	cs *Session // WithSession's, or nil
+	// late: other connections' captures still not in after othersWait;
+	// they count as lost until a fresh capture covers them.
+	late                     []*pendingCapture
+	connLost, dbLost, csLost bool
+	csGen, gen               generation
+	csPos                    lsn.LSN
+	foreign, beyond          bool
+}
+
+// collect settles (or gives up on) other connections' captures, and finds
+// what of the watermark was lost and whether the session's position
+// belongs to the writer's history.
+func (cn *Conn) collect(ctx context.Context, skip *pendingCapture, w *wmSources) error {
+	// Other connections' captures: one that is late counts as lost here.
+	if w.db {
+		l, err := cn.c.inflight.settleOthers(ctx, skip)
+		if err != nil {
+			return err
+		}
+		w.late, w.dbLost = l, len(l) > 0
+	}
+	if w.cs != nil {
+		l, err := w.cs.inflight.settleOthers(ctx, skip)
+		if err != nil {
+			return err
+		}
+		w.late, w.csLost = append(w.late, l...), len(l) > 0
+	}
+	_, w.connLost = cn.sess.pending()
+	if w.db && !w.dbLost {
+		_, w.dbLost = cn.c.db.pending()
+	}
+	if w.cs == nil {
+		return nil
+	}
+	if !w.csLost {
+		_, w.csLost = w.cs.pending()
+	}
+	if w.csGen, w.csPos = w.cs.position(); w.csPos == 0 {
+		return nil
+	}
+	if err := cn.checkPrimary(ctx); err != nil {
+		return err
+	}
+	w.gen = cn.c.generationOf(ctx, cn.primary)
+	w.foreign = w.csGen != w.gen
+	// Only an unsigned position can be forged; a signed one was issued
+	// after a real commit.
+	w.beyond = !w.foreign && !w.cs.signed() && w.csPos > cn.c.topo.hist.latest()
+	return nil
+}
+
+// recapture reads a fresh primary position, which covers every write that
+// returned before it was sent: it stands in for what was lost or late, and
+// rebases or clamps a session position that cannot be waited for.
+func (cn *Conn) recapture(ctx context.Context, skip *pendingCapture, w *wmSources) error {
+	if skip != nil {
+		// The capture below goes on the primary connection, behind the
+		// answer still on its way: take that first.
+		if err := cn.settlePending(ctx, true); err != nil {
+			return err
+		}
+	}
+	if err := cn.checkPrimary(ctx); err != nil {
+		return err
+	}
+	seen := cn.lostSeen(ctx)
+	p, err := capture(ctx, cn.primary)
+	if err != nil {
+		cn.c.stats.captureFailures.Add(1)
+		return err
+	}
+	cn.c.stats.captures.Add(1)
+	if w.csPos > 0 {
+		cn.rebaseSession(ctx, w, p)
+	}
+	if !w.dbLost && !w.csLost {
+		cn.raiseConn(p, seen)
+		return nil
+	}
+	if cn.advance(ctx, p, seen) {
+		for _, lp := range w.late {
+			lp.retire(w.db, w.cs) // covered: no reader waits for it again
+		}
+	} else if len(w.late) > 0 {
+		// Read on a writer since replaced: it does not cover the late
+		// writes, made on the current one.
+		return errPositionLost
+	}
+	return nil
+}
+
+// rebaseSession moves the session's position onto the writer's history at
+// p when it is foreign to it, or down to p when it lies beyond anything the
+// primary wrote.
+func (cn *Conn) rebaseSession(ctx context.Context, w *wmSources, p primaryPos) {
+	// The capture may be the first position of a new writer.
+	gen := cn.c.genAt(ctx, cn.primary, p.tli)
+	// A later timeline of this system than the writer's own is kept from a
+	// signed token (issued after a real commit, by a writer this one has
+	// not caught up with), or when this connector has seen a writer on it
+	// (this connection reaches one since replaced); an unsigned one beyond
+	// both may be forged, and would make every read wait.
+	cs, csGen := w.cs, w.csGen
+	switch {
+	case csGen != gen && (!newer(csGen, gen) || !cs.signed() && csGen.timeline > cn.c.tli.Load()):
+		cn.c.stats.tokensRebased.Add(1)
+		cs.rebase(gen, p.lsn)
+	case w.beyond && w.csPos > p.lsn:
+		cn.c.stats.tokensClamped.Add(1)
+		cs.rebase(gen, p.lsn)
+	}
 }
 
 // RunOnPrimary runs f with the primary connection's *pgx.Conn, for what

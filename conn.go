@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgryw/pgryw/internal/sqlclass"
+	"github.com/pgryw/pgryw/internal/wire"
 )
 
 // Conn is one database/sql connection: a primary connection opened at once,
@@ -268,8 +269,7 @@ func (cn *Conn) checkPrimary(ctx context.Context) error {
 func (cn *Conn) probeFastPath(ctx context.Context) error {
 	b := cn.primary
 	n := b.node
-	if b.wire == nil || b.peer.TxPooled || cn.pending != nil || b.captureFn.Load() == 0 || n.fastState.Load() != fastUnknown ||
-		!b.idle() || !n.fastPathOn() {
+	if !cn.fastPathUnknown() {
 		return nil
 	}
 	if err := cn.checkPrimary(ctx); err != nil || cn.primary != b {
@@ -283,13 +283,9 @@ func (cn *Conn) probeFastPath(ctx context.Context) error {
 	_, _, err := b.control(ctx, "SELECT 1")
 	answered := err == nil && cn.await(ctx, b, inj)
 	b.wire.Disarm()
-	if answered && inj.Err() == nil {
-		if row, null := inj.Row(); len(row) == 1 && !null[0] {
-			if _, perr := parseInsertLSN(row[0]); perr == nil {
-				n.fastState.Store(fastOK)
-				return nil
-			}
-		}
+	if answered && fastAnswer(inj) {
+		n.fastState.Store(fastOK)
+		return nil
 	}
 	if !answered && ctx.Err() != nil {
 		n.fastState.Store(fastUnknown) // the caller's context ended: no verdict
@@ -301,6 +297,34 @@ func (cn *Conn) probeFastPath(ctx context.Context) error {
 		return driver.ErrBadConn
 	}
 	return nil
+}
+
+// fastPathUnknown reports that the primary connection can probe its node's
+// fast path now: nobody has, the node's fast path is on, and the
+// connection is idle with its capture function known and nothing pending.
+func (cn *Conn) fastPathUnknown() bool {
+	b := cn.primary
+	n := b.node
+	switch {
+	case b.wire == nil || b.peer.TxPooled || cn.pending != nil || !b.idle():
+		return false
+	case b.captureFn.Load() == 0 || n.fastState.Load() != fastUnknown:
+		return false
+	}
+	return n.fastPathOn()
+}
+
+// fastAnswer reports that a fast-path capture answered with a position.
+func fastAnswer(inj *wire.Injection) bool {
+	if inj.Err() != nil {
+		return false
+	}
+	row, null := inj.Row()
+	if len(row) != 1 || null[0] {
+		return false
+	}
+	_, err := parseInsertLSN(row[0])
+	return err == nil
 }
 
 // IsValid implements driver.Validator.

@@ -169,7 +169,7 @@ func (s *pendingSet) settleBut(ctx context.Context, skip *pendingCapture) error 
 func (cn *Conn) deferCapture(ctx context.Context, ws *primaryStmt, err error, wrote bool) bool {
 	inj := ws.inj
 	w := cn.primary
-	if inj == nil || err != nil || !inj.Sent() || inj.Done() || ws.state != nil || ws.reset != nil || w.closed() || !w.idle() || cn.pending != nil {
+	if !cn.mayDefer(ws, err) {
 		return false
 	}
 	cs := SessionFrom(ctx)
@@ -191,6 +191,19 @@ func (cn *Conn) deferCapture(ctx context.Context, ws *primaryStmt, err error, wr
 	}
 	cn.pending = p
 	return true
+}
+
+// mayDefer reports whether the statement's capture is the only thing still
+// on its way, on an idle connection with no other capture pending.
+func (cn *Conn) mayDefer(ws *primaryStmt, err error) bool {
+	inj, w := ws.inj, cn.primary
+	switch {
+	case inj == nil || err != nil || ws.state != nil || ws.reset != nil || cn.pending != nil:
+		return false
+	case !inj.Sent() || inj.Done():
+		return false
+	}
+	return !w.closed() && w.idle()
 }
 
 // settlePending settles this connection's pending capture, if any, before

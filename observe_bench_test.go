@@ -72,3 +72,46 @@ func BenchmarkStatementRouted(b *testing.B) {
 		run(b, WithServedBy(context.Background(), func(_ context.Context, s ServedBy) { n += int(s.Route) }))
 	})
 }
+
+// A cached read routed to a replica, by Exec and by Query, and a cached
+// write on the primary by Exec allocate nothing of pgryw's own: the plan,
+// the executor's state and the attempt stay on the stack. (A write by
+// Query allocates the wrapper that settles it when its rows are closed.)
+func TestStatementRoutedAllocs(t *testing.T) {
+	cfg, err := ParseDSN("host=w.invalid read_your_writes=off replicas=r1.invalid,r2.invalid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mon.closed, c.noCatalog = true, true
+	c.dial = func(context.Context, *node) (driver.Conn, error) { return nopConn{}, nil }
+	dc, err := c.Connect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cn := dc.(*Conn)
+	ctx := context.Background()
+	read, write := benchStatements[0], benchStatements[3]
+	run := func() {
+		for _, q := range []string{read, write} {
+			if _, err := cn.ExecContext(ctx, q, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rows, err := cn.QueryContext(ctx, read, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
+	}
+	run()
+	if st := c.Stats(); st.ReplicaReads != 2 {
+		t.Fatalf("%d reads reached a replica, want 2", st.ReplicaReads)
+	}
+	if n := testing.AllocsPerRun(200, run); n != 0 {
+		t.Errorf("%v allocations per two reads and a write", n)
+	}
+}

@@ -164,7 +164,11 @@ const pipelinedAttempts = 4
 // send again. What each attempt's outcome leads to is the table in next.
 func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, p *plan, trail bool, op *replicaOp) (onPrimary bool, done func(), err error) {
 	cn.obs = stmtObs{}
-	r := replicaRead{ctx: ctx, cn: cn, query: query, cls: cls, p: p, trail: trail, op: op}
+	// r holds the plan and the classification by value, and gives them
+	// back at the end: pointers to the caller's stack in r would make both
+	// escape, and a replica read allocate.
+	r := replicaRead{ctx: ctx, cn: cn, query: query, cls: *cls, p: *p, trail: trail, op: op}
+	defer func() { *cls, *p = r.cls, r.p }()
 	// The connection's own write may have returned before its position
 	// arrived (deferred.go). A poll in front of the read does not need the
 	// position: it is sent at once, and the position, which has arrived by
@@ -219,8 +223,8 @@ type replicaRead struct {
 	ctx   context.Context
 	cn    *Conn
 	query string
-	cls   *sqlclass.Result
-	p     *plan
+	cls   sqlclass.Result
+	p     plan
 	trail bool
 	op    *replicaOp
 	// spec: the connection's own capture still on its way, which wm does
@@ -592,13 +596,13 @@ func (r *replicaRead) fellBack(b *backend, o outcome) (bool, func(), error) {
 	switch o {
 	case outReadOnly:
 		cn.c.classes.learnWrite(r.query)
-		*r.cls = cn.c.classes.get(r.query)
+		r.cls = cn.c.classes.get(r.query)
 		r.p.fellBack(true)
 		return true, nil, nil
 	case outRefusedAsStandby:
 		// It stays there from now on.
 		cn.c.classes.learnPrimary(r.query, r.refusedCode)
-		*r.cls = cn.c.classes.get(r.query)
+		r.cls = cn.c.classes.get(r.query)
 	case outSettingsRefused:
 		// The replica would not take the connection's settings: its reads
 		// stay on the primary, where the settings are.
