@@ -493,30 +493,16 @@ func (c *Connector) runCatalog(ctx context.Context, cancel context.CancelFunc) {
 	defer backoff.Stop()
 	idleSince := time.Now()
 	for {
-		fc.mu.Lock()
-		names := fc.pending
-		wait := time.Until(fc.notBefore)
-		if ctx.Err() != nil {
-			fc.running = false
-			fc.mu.Unlock()
+		names, wait, what := fc.turnNow(ctx, b != nil, idleFor, idleSince)
+		switch what {
+		case turnStop:
 			return
-		}
-		if len(names) > 0 && wait <= 0 {
-			fc.pending = nil
-			fc.mu.Unlock()
+		case turnAsk:
 			b = c.askBatch(ctx, b, names)
 			idleSince = time.Now()
 			idle.Reset(idleFor)
 			continue
 		}
-		if len(names) == 0 && b == nil && time.Since(idleSince) >= idleFor {
-			// b == nil: the idle branch below has closed the connection, so
-			// a worker started after this one never overlaps it.
-			fc.running = false
-			fc.mu.Unlock()
-			return
-		}
-		fc.mu.Unlock()
 		var retry <-chan time.Time
 		if len(names) > 0 {
 			backoff.Reset(wait)
@@ -536,6 +522,32 @@ func (c *Connector) runCatalog(ctx context.Context, cancel context.CancelFunc) {
 			idle.Reset(idleFor)
 		}
 	}
+}
+
+// What the catalog worker does next (funcCatalog.turnNow).
+const (
+	turnSleep = iota // wait for a name, the backoff's end, or idleness
+	turnAsk          // ask about the names now
+	turnStop         // end: cancelled, or idle with no connection
+)
+
+// turnNow decides the worker's next step, taking the pending names when it
+// asks. connected: the worker holds a connection; it ends when idle only
+// without one (the idle branch closes it first), so a worker started after
+// it never overlaps it.
+func (fc *funcCatalog) turnNow(ctx context.Context, connected bool, idleFor time.Duration, idleSince time.Time) (names []string, wait time.Duration, what int) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	names, wait = fc.pending, time.Until(fc.notBefore)
+	switch {
+	case ctx.Err() != nil, len(names) == 0 && !connected && time.Since(idleSince) >= idleFor:
+		fc.running = false
+		return nil, 0, turnStop
+	case len(names) > 0 && wait <= 0:
+		fc.pending = nil
+		return names, 0, turnAsk
+	}
+	return names, wait, turnSleep
 }
 
 // askBatch asks the primary about names over b, connecting first when there

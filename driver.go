@@ -221,16 +221,7 @@ func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Con
 		w.Peer = wire.Peer{TxPooled: true, Unnamed: true}
 		return nil
 	case PoolerNone:
-		// No pooler to look for; the system identifier still is, on a
-		// replica's connection, and on the writer's until it is known.
-		if n.index < 0 && (c.sysID.Load() != 0 || c.sysTried.Load()) {
-			return nil
-		}
-		res, err := pc.Exec(ctx, sqlSystem).ReadAll()
-		if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
-			return nil // nothing known; the monitor asks again
-		}
-		return c.checkSystemOf(n, res[0].Rows[0][0])
+		return c.identifySystem(ctx, pc, n)
 	}
 	res, err := pc.Exec(ctx, sqlIdentity).ReadAll()
 	var pgErr *pgconn.PgError
@@ -252,15 +243,35 @@ func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Con
 		w.Peer = wire.Peer{TxPooled: true, Unnamed: true, Auto: true}
 		return nil
 	}
-	w.Peer = wire.Peer{Unnamed: c.cfg.Pooler == PoolerSession, Auto: auto}
-	if row[1] != nil {
-		h := fnv.New64a()
-		h.Write(row[1])
-		h.Write([]byte{0})
-		h.Write(row[2])
-		w.Peer.Instance = h.Sum64() | 1
-	}
+	w.Peer = wire.Peer{Unnamed: c.cfg.Pooler == PoolerSession, Auto: auto, Instance: instanceOf(row[1], row[2])}
 	return c.checkSystemOf(n, row[3])
+}
+
+// identifySystem is identify with pooler=none: no pooler to look for; the
+// system identifier still is, on a replica's connection, and on the
+// writer's until it is known.
+func (c *Connector) identifySystem(ctx context.Context, pc *pgconn.PgConn, n *node) error {
+	if n.index < 0 && (c.sysID.Load() != 0 || c.sysTried.Load()) {
+		return nil
+	}
+	res, err := pc.Exec(ctx, sqlSystem).ReadAll()
+	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+		return nil // nothing known; the monitor asks again
+	}
+	return c.checkSystemOf(n, res[0].Rows[0][0])
+}
+
+// instanceOf names a server instance by its start time and address (the
+// identity query's second and third columns), 0 when unknown.
+func instanceOf(start, addr []byte) uint64 {
+	if start == nil {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write(start)
+	h.Write([]byte{0})
+	h.Write(addr)
+	return h.Sum64() | 1
 }
 
 // errForeign: a replica connection reached a standby of another cluster.
@@ -432,27 +443,7 @@ func replicaConfig(wc *pgx.ConnConfig, host string, port uint16) *pgx.ConnConfig
 // ("-c name=value", "-cname=value" or "--name=value", with backslash-escaped
 // spaces), keeping the rest as written.
 func dropOption(opts, guc string) string {
-	var words []string
-	var cur strings.Builder
-	flush := func() {
-		if cur.Len() > 0 {
-			words = append(words, cur.String())
-			cur.Reset()
-		}
-	}
-	for i := 0; i < len(opts); i++ {
-		switch ch := opts[i]; {
-		case ch == '\\' && i+1 < len(opts):
-			cur.WriteByte(ch)
-			cur.WriteByte(opts[i+1])
-			i++
-		case ch == ' ' || ch == '\t' || ch == '\n':
-			flush()
-		default:
-			cur.WriteByte(ch)
-		}
-	}
-	flush()
+	words := optionWords(opts)
 	sets := func(w string) bool {
 		name, _, _ := strings.Cut(w, "=")
 		return strings.ReplaceAll(strings.ToLower(name), "-", "_") == guc
@@ -472,6 +463,33 @@ func dropOption(opts, guc string) string {
 		kept = append(kept, w)
 	}
 	return strings.Join(kept, " ")
+}
+
+// optionWords splits the options parameter into its words as the server
+// does: at blanks, a backslash keeping the next byte in the word (and
+// itself, so the words join back unchanged).
+func optionWords(opts string) []string {
+	var words []string
+	var cur strings.Builder
+	for i := 0; i < len(opts); i++ {
+		switch ch := opts[i]; {
+		case ch == '\\' && i+1 < len(opts):
+			cur.WriteByte(ch)
+			cur.WriteByte(opts[i+1])
+			i++
+		case ch == ' ' || ch == '\t' || ch == '\n':
+			if cur.Len() > 0 {
+				words = append(words, cur.String())
+				cur.Reset()
+			}
+		default:
+			cur.WriteByte(ch)
+		}
+	}
+	if cur.Len() > 0 {
+		words = append(words, cur.String())
+	}
+	return words
 }
 
 func (c *Connector) dialServer(ctx context.Context, n *node) (driver.Conn, error) {

@@ -778,81 +778,106 @@ func splitHostPort(e string, defPort uint16) (string, uint16, error) {
 
 func parseFuncList(key, v string) ([]string, error) {
 	bad := badValue(key, v, "a comma-separated list of function names, optionally schema-qualified, double-quoted where their case or characters need it")
-	var out []string
-	var parts []string
-	var cur strings.Builder
-	quoted, inQuote, any := false, false, false
-	flushPart := func() bool {
-		p := cur.String()
-		cur.Reset()
-		if p == "" || !quoted && strings.TrimSpace(p) != p {
-			return false
+	v = strings.TrimSpace(v)
+	var l funcListLexer
+	for i := 0; i < len(v); i++ {
+		var ok bool
+		if i, ok = l.step(v, i); !ok {
+			return nil, bad
 		}
-		if !quoted {
-			for _, r := range p {
-				if !(r == '_' || r == '$' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r > 127) {
-					return false
-				}
-			}
-			p = asciiLower(p)
-		} else if strings.IndexByte(p, '.') >= 0 {
-			return false // the classifier cannot tell it from a qualified name
-		}
-		parts = append(parts, p)
-		quoted = false
-		return true
 	}
-	endName := func() bool {
-		if !flushPart() || len(parts) > 2 {
-			return false
-		}
-		out = append(out, strings.Join(parts, "."))
-		parts = parts[:0]
-		return true
-	}
-	v2 := strings.TrimSpace(v)
-	for i := 0; i < len(v2); i++ {
-		c := v2[i]
-		switch {
-		case inQuote && c == '"' && i+1 < len(v2) && v2[i+1] == '"':
-			cur.WriteByte('"')
-			i++
-		case inQuote && c == '"':
-			inQuote = false
-		case inQuote:
-			cur.WriteByte(c)
-		case c == '"' && cur.Len() == 0 && !quoted:
-			inQuote, quoted = true, true
-		case c == '.':
-			if !flushPart() {
-				return nil, bad
-			}
-		case c == ',':
-			if !endName() {
-				return nil, bad
-			}
-		case c == ' ' || c == '\t':
-			// around a name: skip; inside one, refused by flushPart
-			if cur.Len() > 0 && !quoted {
-				j := i
-				for j < len(v2) && (v2[j] == ' ' || v2[j] == '\t') {
-					j++
-				}
-				if j < len(v2) && v2[j] != ',' {
-					return nil, bad
-				}
-			}
-		case quoted:
-			return nil, bad // text after a closing quote
-		default:
-			cur.WriteByte(c)
-		}
-		any = true
-	}
-	if inQuote || !any || !endName() {
+	if l.inQuote || v == "" || !l.endName() {
 		return nil, bad
 	}
-	return out, nil
+	return l.out, nil
+}
+
+// funcListLexer is parseFuncList's state: the names so far, the parts of
+// the one being read, and the part being read.
+type funcListLexer struct {
+	out, parts      []string
+	cur             strings.Builder
+	quoted, inQuote bool // the part is double-quoted; inside its quotes
+}
+
+// step takes v[i] (and, for a doubled quote, v[i+1]), returning where it
+// stopped, or false when v is not a function list.
+func (l *funcListLexer) step(v string, i int) (int, bool) {
+	c := v[i]
+	switch {
+	case l.inQuote:
+		if c != '"' {
+			l.cur.WriteByte(c)
+		} else if i+1 < len(v) && v[i+1] == '"' {
+			l.cur.WriteByte('"')
+			i++
+		} else {
+			l.inQuote = false
+		}
+	case c == '"' && l.cur.Len() == 0 && !l.quoted:
+		l.inQuote, l.quoted = true, true
+	case c == '.':
+		return i, l.flushPart()
+	case c == ',':
+		return i, l.endName()
+	case c == ' ' || c == '\t':
+		// around a name: skip; inside one, refused by flushPart
+		return i, l.cur.Len() == 0 || l.quoted || onlyBlanksToComma(v[i:])
+	case l.quoted:
+		return i, false // text after a closing quote
+	default:
+		l.cur.WriteByte(c)
+	}
+	return i, true
+}
+
+// onlyBlanksToComma reports that s holds blanks up to its end or a comma.
+func onlyBlanksToComma(s string) bool {
+	j := 0
+	for j < len(s) && (s[j] == ' ' || s[j] == '\t') {
+		j++
+	}
+	return j == len(s) || s[j] == ','
+}
+
+// flushPart ends a part of a name (a schema or the name itself).
+func (l *funcListLexer) flushPart() bool {
+	p := l.cur.String()
+	l.cur.Reset()
+	switch {
+	case p == "" || !l.quoted && strings.TrimSpace(p) != p:
+		return false
+	case !l.quoted && !unquotedName(p):
+		return false
+	case !l.quoted:
+		p = asciiLower(p)
+	case strings.IndexByte(p, '.') >= 0:
+		return false // the classifier cannot tell it from a qualified name
+	}
+	l.parts = append(l.parts, p)
+	l.quoted = false
+	return true
+}
+
+// endName ends a function's name: one part, or a schema and a name.
+func (l *funcListLexer) endName() bool {
+	if !l.flushPart() || len(l.parts) > 2 {
+		return false
+	}
+	l.out = append(l.out, strings.Join(l.parts, "."))
+	l.parts = l.parts[:0]
+	return true
+}
+
+// unquotedName reports that p is made of the characters an unquoted name
+// may hold.
+func unquotedName(p string) bool {
+	for _, r := range p {
+		if !(r == '_' || r == '$' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r > 127) {
+			return false
+		}
+	}
+	return true
 }
 
 // asciiLower folds ASCII letters only, as the server folds unquoted names.
@@ -1082,9 +1107,7 @@ func scanKeywordValue(s string) ([]kvPair, kvBad) {
 	var out []kvPair
 	i := 0
 	for {
-		for i < len(s) && isSpace(s[i]) {
-			i++
-		}
+		i = skipSpace(s, i)
 		if i >= len(s) {
 			return out, kvBad{at: -1}
 		}
@@ -1093,54 +1116,56 @@ func scanKeywordValue(s string) ([]kvPair, kvBad) {
 			i++
 		}
 		p.key = s[p.start:i]
-		for i < len(s) && isSpace(s[i]) {
-			i++
-		}
+		i = skipSpace(s, i)
 		if i >= len(s) || s[i] != '=' {
 			return out, kvBad{at: p.start, key: p.key}
 		}
-		i++
-		for i < len(s) && isSpace(s[i]) {
-			i++
-		}
+		i = skipSpace(s, i+1)
 		p.valStart = i
-		var val strings.Builder
+		var closed bool
 		if i < len(s) && s[i] == '\'' {
 			p.quoted = true
-			i++
-			closed := false
-			for i < len(s) {
-				ch := s[i]
-				if ch == '\\' && i+1 < len(s) {
-					val.WriteByte(s[i+1])
-					i += 2
-					continue
-				}
-				if ch == '\'' {
-					closed = true
-					i++
-					break
-				}
-				val.WriteByte(ch)
-				i++
-			}
+			p.value, i, closed = scanKVValue(s, i+1, true)
 			if !closed {
 				return out, kvBad{at: p.start, key: p.key, unterminated: true}
 			}
 		} else {
-			for i < len(s) && !isSpace(s[i]) {
-				if s[i] == '\\' && i+1 < len(s) {
-					val.WriteByte(s[i+1])
-					i += 2
-					continue
-				}
-				val.WriteByte(s[i])
-				i++
-			}
+			p.value, i, _ = scanKVValue(s, i, false)
 		}
-		p.value, p.end = val.String(), i
+		p.end = i
 		out = append(out, p)
 	}
+}
+
+// skipSpace returns the first index from i of s that is not a blank.
+func skipSpace(s string, i int) int {
+	for i < len(s) && isSpace(s[i]) {
+		i++
+	}
+	return i
+}
+
+// scanKVValue reads a value from s[i:], with backslash escapes: up to the
+// closing quote (quoted; closed reports that there was one, and end is
+// past it) or to the next blank.
+func scanKVValue(s string, i int, quoted bool) (val string, end int, closed bool) {
+	var b strings.Builder
+	for i < len(s) {
+		ch := s[i]
+		switch {
+		case ch == '\\' && i+1 < len(s):
+			b.WriteByte(s[i+1])
+			i += 2
+			continue
+		case quoted && ch == '\'':
+			return b.String(), i + 1, true
+		case !quoted && isSpace(ch):
+			return b.String(), i, false
+		}
+		b.WriteByte(ch)
+		i++
+	}
+	return b.String(), i, false
 }
 
 func isSpace(b byte) bool {
@@ -1197,26 +1222,11 @@ func parsePGURL(s string) pgURL {
 		u.user, u.password, u.hasPass = strings.Cut(p[:i], ":")
 		p = p[i+1:]
 	}
-	// Hosts run to the first '/' or '?' outside an element's [brackets].
-	i := 0
-	for {
-		if i < len(p) && p[i] == '[' {
-			j := strings.IndexByte(p[i:], ']')
-			if j < 0 {
-				u.netloc = p
-				u.problem = `a "[" without its "]" in the host`
-				return u
-			}
-			i += j + 1
-		}
-		for i < len(p) && p[i] != '/' && p[i] != '?' && p[i] != ',' {
-			i++
-		}
-		if i < len(p) && p[i] == ',' {
-			i++
-			continue
-		}
-		break
+	i, ok := netlocEnd(p)
+	if !ok {
+		u.netloc = p
+		u.problem = `a "[" without its "]" in the host`
+		return u
 	}
 	u.netloc, p = p[:i], p[i:]
 	if strings.HasPrefix(p, "/") {
@@ -1229,6 +1239,29 @@ func parsePGURL(s string) pgURL {
 	return u
 }
 
+// netlocEnd is where a URL's hosts end: at the first '/' or '?' outside an
+// element's [brackets]; false for a '[' without its ']'.
+func netlocEnd(p string) (int, bool) {
+	i := 0
+	for {
+		if i < len(p) && p[i] == '[' {
+			j := strings.IndexByte(p[i:], ']')
+			if j < 0 {
+				return 0, false
+			}
+			i += j + 1
+		}
+		for i < len(p) && p[i] != '/' && p[i] != '?' && p[i] != ',' {
+			i++
+		}
+		if i < len(p) && p[i] == ',' {
+			i++
+			continue
+		}
+		return i, true
+	}
+}
+
 // check returns why pgx would refuse u, or may read it other than as
 // meant; "" when neither. It follows pgx's parseURLSettings, and also
 // refuses an '@' after the user information, which pgx would take as part
@@ -1238,37 +1271,65 @@ func (u *pgURL) check(s string) string {
 	if strings.IndexByte(s, 0) >= 0 {
 		return "a NUL byte"
 	}
-	if u.userinfo {
-		if _, why := uriDecode(u.user); why != "" {
-			return "user name: " + why
-		}
-		if u.hasPass && u.password != "" {
-			if _, why := uriDecode(u.password); why != "" {
-				return "password: " + why
-			}
+	for _, c := range []func() string{u.checkUser, u.checkNetloc, u.checkPath, u.checkQuery} {
+		if why := c(); why != "" {
+			return why
 		}
 	}
-	var hosts, ports strings.Builder
-	p := u.netloc
-	for {
-		if strings.HasPrefix(p, "[") {
-			end := strings.IndexByte(p, ']')
-			if end == 1 {
-				return "an empty [IPv6] host"
-			}
-			hosts.WriteString(p[1:end])
-			p = p[end+1:]
-			if p != "" && p[0] != ':' && p[0] != ',' {
-				return `a character other than ":" after an [IPv6] host`
-			}
-		} else {
-			i := strings.IndexAny(p, ":,")
-			if i < 0 {
-				i = len(p)
-			}
-			hosts.WriteString(p[:i])
-			p = p[i:]
+	return ""
+}
+
+// checkUser is check's part for the user information.
+func (u *pgURL) checkUser() string {
+	if !u.userinfo {
+		return ""
+	}
+	if _, why := uriDecode(u.user); why != "" {
+		return "user name: " + why
+	}
+	if u.hasPass && u.password != "" {
+		if _, why := uriDecode(u.password); why != "" {
+			return "password: " + why
 		}
+	}
+	return ""
+}
+
+// checkNetloc is check's part for the hosts and ports.
+func (u *pgURL) checkNetloc() string {
+	hosts, ports, why := splitNetloc(u.netloc)
+	if why != "" {
+		return why
+	}
+	if strings.ContainsRune(u.netloc, '@') {
+		return `an "@" after the user information (write "@" in a password as %40)`
+	}
+	if _, why := uriDecode(hosts); why != "" {
+		return "host: " + why
+	}
+	pl, why := uriDecode(ports)
+	if why != "" {
+		return "port: " + why
+	}
+	for _, r := range pl {
+		if r != ',' && (r < '0' || r > '9') {
+			return "a port that is not a number"
+		}
+	}
+	return ""
+}
+
+// splitNetloc splits a URL's comma-separated host[:port] list into its
+// hosts and its ports, each comma-separated, as pgx does.
+func splitNetloc(p string) (string, string, string) {
+	var hosts, ports strings.Builder
+	for {
+		var host string
+		var why string
+		if host, p, why = cutHost(p); why != "" {
+			return "", "", why
+		}
+		hosts.WriteString(host)
 		if strings.HasPrefix(p, ":") {
 			i := strings.IndexByte(p, ',')
 			if i < 0 {
@@ -1278,35 +1339,51 @@ func (u *pgURL) check(s string) string {
 			p = p[i:]
 		}
 		if !strings.HasPrefix(p, ",") {
-			break
+			return hosts.String(), ports.String(), ""
 		}
 		p = p[1:]
 		hosts.WriteByte(',')
 		ports.WriteByte(',')
 	}
-	if strings.ContainsRune(u.netloc, '@') {
-		return `an "@" after the user information (write "@" in a password as %40)`
-	}
-	if _, why := uriDecode(hosts.String()); why != "" {
-		return "host: " + why
-	}
-	pl, why := uriDecode(ports.String())
-	if why != "" {
-		return "port: " + why
-	}
-	for _, r := range pl {
-		if r != ',' && (r < '0' || r > '9') {
-			return "a port that is not a number"
+}
+
+// cutHost cuts the host (a name, an address, or an [IPv6] address) from
+// the front of p.
+func cutHost(p string) (host, rest, why string) {
+	if !strings.HasPrefix(p, "[") {
+		i := strings.IndexAny(p, ":,")
+		if i < 0 {
+			i = len(p)
 		}
+		return p[:i], p[i:], ""
 	}
-	if u.hasPath && u.path != "" {
-		if strings.ContainsRune(u.path, '@') {
-			return `an "@" in the database name (write it as %40)`
-		}
-		if _, why := uriDecode(u.path); why != "" {
-			return "database name: " + why
-		}
+	end := strings.IndexByte(p, ']')
+	if end == 1 {
+		return "", "", "an empty [IPv6] host"
 	}
+	host, rest = p[1:end], p[end+1:]
+	if rest != "" && rest[0] != ':' && rest[0] != ',' {
+		return "", "", `a character other than ":" after an [IPv6] host`
+	}
+	return host, rest, ""
+}
+
+// checkPath is check's part for the database name.
+func (u *pgURL) checkPath() string {
+	if !u.hasPath || u.path == "" {
+		return ""
+	}
+	if strings.ContainsRune(u.path, '@') {
+		return `an "@" in the database name (write it as %40)`
+	}
+	if _, why := uriDecode(u.path); why != "" {
+		return "database name: " + why
+	}
+	return ""
+}
+
+// checkQuery is check's part for the query parameters.
+func (u *pgURL) checkQuery() string {
 	params, n := u.query, 0
 	for params != "" {
 		n++

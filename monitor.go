@@ -174,28 +174,8 @@ const pooledProbes = 20
 func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 	ctx, cancel := context.WithTimeout(ctx, monitorTimeout)
 	defer cancel()
-	if b != nil && b.peer.Unnamed {
-		// Behind a pooler, a connection kept for good would see one
-		// server for good (in session mode): a repointed pooler's new
-		// server would go unseen.
-		if b.probes++; b.probes > pooledProbes {
-			b.close()
-			b = nil
-		}
-	}
-	if b == nil || b.closed() {
-		if b != nil {
-			b.close()
-		}
-		dc, err := c.dial(ctx, n)
-		if err != nil {
-			if !errors.Is(ctx.Err(), context.Canceled) { // not the monitor stopping
-				n.probeFailed()
-			}
-			return nil
-		}
-		b = newBackend(dc, n)
-		n.system.Store(0) // a new connection may reach another server: read it again
+	if b = c.probeConn(ctx, n, b); b == nil {
+		return nil
 	}
 	q := sqlPoll
 	if b.major >= 19 {
@@ -215,6 +195,43 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 		}
 		return nil
 	}
+	c.probed(ctx, n, b, row, null)
+	return b
+}
+
+// probeConn returns the monitor's connection to n, connecting anew when it
+// has none, when it broke, or behind a pooler every pooledProbes probes;
+// nil when n cannot be reached.
+func (c *Connector) probeConn(ctx context.Context, n *node, b *backend) *backend {
+	if b != nil && b.peer.Unnamed {
+		// Behind a pooler, a connection kept for good would see one
+		// server for good (in session mode): a repointed pooler's new
+		// server would go unseen.
+		if b.probes++; b.probes > pooledProbes {
+			b.close()
+			b = nil
+		}
+	}
+	if b != nil && !b.closed() {
+		return b
+	}
+	if b != nil {
+		b.close()
+	}
+	dc, err := c.dial(ctx, n)
+	if err != nil {
+		if !errors.Is(ctx.Err(), context.Canceled) { // not the monitor stopping
+			n.probeFailed()
+		}
+		return nil
+	}
+	n.system.Store(0) // a new connection may reach another server: read it again
+	return newBackend(dc, n)
+}
+
+// probed takes in a probe's answer: n answers, is or is not a standby, and
+// has replayed what it says.
+func (c *Connector) probed(ctx context.Context, n *node, b *backend, row []string, null []bool) {
 	r, err := parseRecovery(row, null)
 	l, known := r.replay, r.known
 	if cur, inst := n.replay.load(); err == nil && r.inRecovery && known && l < cur && inst == b.peer.Instance {
@@ -231,14 +248,13 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 	}
 	if err != nil || !r.inRecovery {
 		n.notStandby.Store(true)
-		return b
+		return
 	}
 	n.notStandby.Store(false)
 	c.checkSystem(ctx, n, b)
 	if known && !n.foreign.Load() {
 		c.topo.observe(n, b.peer.Instance, l, time.Now().UnixNano())
 	}
-	return b
 }
 
 // checkSystem compares the system identifier of standby n (read over b,

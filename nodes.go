@@ -272,31 +272,51 @@ func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) (best *n
 		if tried&(1<<uint(r.index%64)) != 0 || !r.usableBy(clock) {
 			continue
 		}
-		if t.lag.on && !t.lag.allows(r, clock()) {
-			// Not known to be within max_replica_lag: as good as hopeless.
-			t.lag.skips.Add(1)
-			if lost == nil || r.knownReplay() > lost.knownReplay() {
-				lost = r
-			}
-			continue
-		}
-		if r.knownReplay() >= wm {
+		switch t.rate(r, wm, budget, clock) {
+		case rateReady:
 			return r, false
-		}
-		if t.hopeless(r, wm, budget, clock()) {
-			if lost == nil || r.knownReplay() > lost.knownReplay() {
-				lost = r
-			}
-			continue
-		}
-		if best == nil || r.knownReplay() > best.knownReplay() {
-			best = r
+		case rateHopeless:
+			lost = further(lost, r)
+		default:
+			best = further(best, r)
 		}
 	}
 	if best == nil && lost != nil {
 		return lost, true
 	}
 	return best, false
+}
+
+// A replica's rating for a read that needs a watermark.
+const (
+	rateBehind   = iota // it may catch up within the budget
+	rateReady           // known to have replayed the watermark
+	rateHopeless        // it will not catch up in time, or is not within max_replica_lag
+)
+
+// rate rates replica r for a read that needs wm within budget.
+func (t *topology) rate(r *node, wm lsn.LSN, budget time.Duration, clock func() int64) int {
+	if t.lag.on && !t.lag.allows(r, clock()) {
+		// Not known to be within max_replica_lag: as good as hopeless.
+		t.lag.skips.Add(1)
+		return rateHopeless
+	}
+	if r.knownReplay() >= wm {
+		return rateReady
+	}
+	if t.hopeless(r, wm, budget, clock()) {
+		return rateHopeless
+	}
+	return rateBehind
+}
+
+// further returns whichever of best (perhaps nil) and r is known to have
+// replayed further; best on a tie.
+func further(best, r *node) *node {
+	if best == nil || r.knownReplay() > best.knownReplay() {
+		return r
+	}
+	return best
 }
 
 // history remembers when the primary was seen at which WAL positions (from
