@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/pgryw/pgryw/internal/ctxsleep"
@@ -372,4 +373,44 @@ func (w *waiting) pause(ctx context.Context, wm lsn.LSN, i int) (res waitResult,
 		return waitTimeout, false, err
 	}
 	return 0, true, nil
+}
+
+// checkedRead is pipelined, timed: a read sent with a catch-up check. A
+// read that had to wait (a WAIT FOR or PolarDB wait, or polling after a
+// failed check) counts as a wait of its node, and its duration goes into
+// the node's histogram and the statement's ServedBy.Wait.
+func (cn *Conn) checkedRead(ctx context.Context, a *attempt, wm *lsn.LSN, partial bool) (waitResult, error) {
+	cn.obs.waited = false
+	start := time.Now()
+	res, err := cn.pipelined(ctx, a, wm, partial)
+	c, n := cn.c, a.b.node
+	if res == waitTimeout && err == nil {
+		n.obs.waitTimeouts.Add(1)
+	}
+	if !cn.obs.waited && c.methodFor(a.b) == WaitPoll {
+		return res, err
+	}
+	d := time.Since(start)
+	cn.obs.wait += d
+	n.obs.waits.Add(1)
+	n.obs.observeWait(d)
+	if c.debug() {
+		c.logAt(slog.LevelDebug, "pgryw: waited for replica", slog.String("node", n.addr),
+			slog.Duration("wait", d), slog.String("outcome", waitOutcome(res, err)))
+	}
+	return res, err
+}
+
+func waitOutcome(res waitResult, err error) string {
+	switch {
+	case err != nil:
+		return "failed"
+	case res == waitOK:
+		return "caught up"
+	case res == waitNotStandby:
+		return "not a standby"
+	case res == waitCannot || res == waitUnchecked:
+		return "could not wait"
+	}
+	return "timed out"
 }

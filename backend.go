@@ -402,35 +402,6 @@ func (b *backend) slotName(inj *wire.Injection) string {
 	return ""
 }
 
-// injectCapture readies in s the capture to ride behind a statement on this
-// primary connection: the full sqlCapture until the connection knows the
-// primary's wal_block_size and timeline, then the position alone. That is a
-// fast-path FunctionCall of pg_current_wal_insert_lsn, which the server
-// answers without a parse, plan, portal or executor (7 µs less server time
-// per capture than the prepared statement, measured on PostgreSQL 19), or,
-// until a probe saw the fast path work on this node (Conn.probeFastPath),
-// and for a while after it failed (node.fastFails), the prepared
-// sqlCaptureLSN.
-func (b *backend) injectCapture(s *slot) *wire.Injection {
-	if b.walBlock.Load() == 0 {
-		return b.injectPrepared(s, stmtCapture, sqlCapture)
-	}
-	if fn := b.captureFn.Load(); fn != 0 && b.node.fastState.Load() == fastOK && b.node.fastPathOn() {
-		b.reuse(s)
-		return injectFastCapture(s, fn)
-	}
-	return b.injectPrepared(s, stmtCaptureLSN, sqlCaptureLSN)
-}
-
-// injectFastCapture readies in s a fast-path FunctionCall of function fn
-// (pg_current_wal_insert_lsn's OID), with a text result.
-func injectFastCapture(s *slot, fn uint32) *wire.Injection {
-	s.msgs, _ = (&pgproto3.FunctionCall{Function: fn}).Encode(s.msgs[:0])
-	s.name = stmtCaptureFast
-	s.inj.ResetMessages(s.msgs)
-	return &s.inj
-}
-
 // fastCaptureTries is how many fast-path captures in a row may go
 // unanswered on broken connections before a node's captures are prepared
 // statements for fastCaptureOff. A connection breaks for other reasons
@@ -442,47 +413,6 @@ const (
 	fastCaptureTries = 3
 	fastCaptureOff   = time.Minute
 )
-
-// fastPathOn reports whether captures on n may take the fast path.
-func (n *node) fastPathOn() bool {
-	until := n.fastOffUntil.Load()
-	if until == 0 {
-		return true
-	}
-	if time.Now().UnixNano() < until {
-		return false
-	}
-	n.fastOffUntil.CompareAndSwap(until, 0)
-	return true
-}
-
-// fastPathOff turns n's fast path off for fastCaptureOff, after which a
-// probe must see it work again.
-func (n *node) fastPathOff() {
-	n.fastFails.Store(0)
-	n.fastOffUntil.Store(time.Now().Add(fastCaptureOff).UnixNano())
-	n.fastState.Store(fastUnknown)
-}
-
-// captureAnswered notes how a capture's answer came, for fastFails: an
-// error answer to a fast-path call turns the node's fast path off.
-func (b *backend) captureAnswered(inj *wire.Injection, failed bool) {
-	switch {
-	case !inj.FunctionCall():
-	case failed:
-		b.node.fastPathOff()
-	case b.node.fastFails.Load() != 0:
-		b.node.fastFails.Store(0)
-	}
-}
-
-// captureUnanswered notes a capture that was sent and whose connection
-// broke before its answer came.
-func (b *backend) captureUnanswered(inj *wire.Injection) {
-	if inj.FunctionCall() && b.node.fastFails.Add(1) >= fastCaptureTries {
-		b.node.fastPathOff()
-	}
-}
 
 // forgetPrepared is for a statement that may deallocate prepared
 // statements (DEALLOCATE, DISCARD ALL): pgryw's ride-alongs behind it are

@@ -1,10 +1,11 @@
 package pgryw
 
 import (
-	"github.com/pgryw/pgryw/internal/lsn"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgryw/pgryw/internal/lsn"
 )
 
 // benchStatements are typical application statements, cached after first use.

@@ -3,13 +3,9 @@ package pgryw
 import (
 	"context"
 	"database/sql/driver"
-	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/pgryw/pgryw/internal/sqlclass"
-	"github.com/pgryw/pgryw/internal/wire"
 )
 
 // Conn is one database/sql connection: a primary connection opened at once,
@@ -216,117 +212,6 @@ func (cn *Conn) ResetSession(ctx context.Context) error {
 	return nil
 }
 
-// checkPrimary looks, once per hand-out and before the first statement on
-// the primary connection, whether the server has ended it while it sat
-// idle in the pool (the writer died or was shut down, as in a failover, or
-// the session was terminated): a non-blocking look at its socket
-// (backend.gone). Such a connection is replaced, before anything is sent
-// on it, by a new one to the writer there is now, and the statement runs
-// there, with no error: whatever session state the ended session held is
-// gone with it, as it would be with the new connection database/sql would
-// otherwise take. A read routed to a replica does not look: it sends
-// nothing on the primary, and the look, a system call, was a quarter of
-// what such a read cost pgryw beyond pgx.
-//
-// If the new connection cannot be made, the statement gets
-// driver.ErrBadConn: nothing was sent, and database/sql runs it again on
-// another connection (within a sql.Conn it cannot: the caller gets the
-// error, as with any dead connection).
-func (cn *Conn) checkPrimary(ctx context.Context) error {
-	if !cn.checkDue {
-		return nil
-	}
-	cn.checkDue = false
-	if !cn.primary.gone() {
-		return nil
-	}
-	if cn.pending != nil {
-		cn.pending.abandon()
-		cn.pending = nil
-	}
-	cn.primary.close()
-	dc, err := cn.c.dial(ctx, cn.c.topo.primary)
-	if err != nil {
-		return driver.ErrBadConn
-	}
-	cn.primary = newBackend(dc, cn.c.topo.primary)
-	// The ended session's state went with it.
-	cn.dropSessionState(0, "primary connection replaced")
-	cn.resetPending, cn.blockWrote = false, false
-	return nil
-}
-
-// probeFastPath makes sure, once per node (and again when it failed and its
-// time off is over), that a fast-path FunctionCall gets through to the
-// primary and back, before captures riding behind the application's
-// statements take it (backend.injectCapture): something in between (a
-// pooler, a proxy) might refuse the message, or drop the connection at it.
-// The probe is pgryw's own round trip (SELECT 1 with the call behind it),
-// made on a connection that has read the function's OID in its first
-// capture, as database/sql hands it out again: if the connection breaks,
-// it is reported bad and database/sql takes another; nothing of the
-// application's was on it.
-func (cn *Conn) probeFastPath(ctx context.Context) error {
-	b := cn.primary
-	n := b.node
-	if !cn.fastPathUnknown() {
-		return nil
-	}
-	if err := cn.checkPrimary(ctx); err != nil || cn.primary != b {
-		return err // replaced: the new connection has not read the OID yet
-	}
-	if !n.fastState.CompareAndSwap(fastUnknown, fastProbing) {
-		return nil
-	}
-	inj := injectFastCapture(&b.probe, b.captureFn.Load())
-	b.wire.AppendAfterExec(inj)
-	_, _, err := b.control(ctx, "SELECT 1")
-	answered := err == nil && cn.await(ctx, b, inj)
-	b.wire.Disarm()
-	if answered && fastAnswer(inj) {
-		n.fastState.Store(fastOK)
-		return nil
-	}
-	if !answered && ctx.Err() != nil {
-		n.fastState.Store(fastUnknown) // the caller's context ended: no verdict
-	} else {
-		n.fastPathOff()
-	}
-	if b.closed() || !answered {
-		b.close()
-		return driver.ErrBadConn
-	}
-	return nil
-}
-
-// fastPathUnknown reports that the primary connection can probe its node's
-// fast path now: nobody has, the node's fast path is on, and the
-// connection is idle with its capture function known and nothing pending.
-func (cn *Conn) fastPathUnknown() bool {
-	b := cn.primary
-	n := b.node
-	switch {
-	case b.wire == nil || b.peer.TxPooled || cn.pending != nil || !b.idle():
-		return false
-	case b.captureFn.Load() == 0 || n.fastState.Load() != fastUnknown:
-		return false
-	}
-	return n.fastPathOn()
-}
-
-// fastAnswer reports that a fast-path capture answered with a position.
-func fastAnswer(inj *wire.Injection) bool {
-	if inj.Err() != nil {
-		return false
-	}
-	row, null := inj.Row()
-	if len(row) != 1 || null[0] {
-		return false
-	}
-	_, err := parseInsertLSN(row[0])
-	return err == nil
-}
-
 // IsValid implements driver.Validator.
 func (cn *Conn) IsValid() bool {
 	if v, ok := cn.primary.conn.(driver.Validator); ok {
@@ -374,27 +259,6 @@ func (cn *Conn) exec(ctx context.Context, query string, args []driver.NamedValue
 	return cn.execPrimary(ctx, query, args, cls, &p, st)
 }
 
-// execPrimary runs ExecContext's statement on the primary.
-func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, p *plan, st *Stmt) (driver.Result, error) {
-	if err := cn.checkPrimary(ctx); err != nil {
-		return nil, err
-	}
-	ws := cn.beforePrimary(ctx, &cls)
-	res, err := cn.primary.execVia(ctx, st, query, args)
-	if cn.staleRead(&cls, &ws, err) {
-		cn.afterPrimary(ctx, &ws, err)
-		ws = cn.beforePrimary(ctx, &cls)
-		res, err = cn.primary.exec(ctx, query, args)
-	}
-	cn.afterPrimary(ctx, &ws, err)
-	cn.servedPrimary(ctx, &cls, p)
-	cn.releaseFallback()
-	if cn.lostRead(ctx, &cls, &ws, err) {
-		return nil, driver.ErrBadConn
-	}
-	return res, err
-}
-
 // QueryContext implements driver.QueryerContext.
 func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	return cn.query(ctx, query, args, nil)
@@ -435,62 +299,6 @@ func (cn *Conn) query(ctx context.Context, query string, args []driver.NamedValu
 		}
 	}
 	return cn.queryPrimary(ctx, query, args, cls, &p, st)
-}
-
-// queryPrimary runs QueryContext's statement on the primary.
-func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, p *plan, st *Stmt) (driver.Rows, error) {
-	if err := cn.checkPrimary(ctx); err != nil {
-		return nil, err
-	}
-	ws := cn.beforePrimary(ctx, &cls)
-	rows, err := cn.primary.queryVia(ctx, st, query, args)
-	if cn.staleRead(&cls, &ws, err) {
-		cn.afterPrimary(ctx, &ws, err)
-		ws = cn.beforePrimary(ctx, &cls)
-		rows, err = cn.primary.query(ctx, query, args)
-	}
-	cn.servedPrimary(ctx, &cls, p)
-	if err != nil || ws.inj == nil && !ws.commits && !cn.fallbackHeld {
-		cn.afterPrimary(ctx, &ws, err)
-		cn.releaseFallback()
-		if cn.lostRead(ctx, &cls, &ws, err) {
-			return nil, driver.ErrBadConn
-		}
-		return rows, err
-	}
-	// The statement's outcome (an autocommit INSERT … RETURNING commits
-	// only when its result is complete) and the answer to the capture
-	// riding behind it are known once the rows are closed; a fallback read
-	// keeps its max_fallback slot until then.
-	return &afterRows{Rows: rows, done: func(err error) { cn.afterPrimary(ctx, &ws, err); cn.releaseFallback() }}, nil
-}
-
-// staleRead reports that a read run on the primary outside a transaction
-// block failed because pgx's cached description of it predates a schema
-// change ("cached plan must not change result type"). Nothing ran, pgx has
-// dropped the description, and a read is safe to send again: pgryw does,
-// once, where plain pgx would fail the statement once.
-func (cn *Conn) staleRead(cls *sqlclass.Result, ws *primaryStmt, err error) bool {
-	return err != nil && ws.idleBefore && cn.primary.idle() && cn.c.readOnly(cls) && isStaleDescription(err)
-}
-
-// lostRead reports that a read run on the primary outside a transaction
-// block failed because the connection did (it broke, or the server ended
-// the session: a shutdown, a crash, a failover), before any row reached the
-// caller (pgx reads the first row before returning). A read is safe to run
-// again: returned as driver.ErrBadConn, database/sql runs it on another
-// connection, within the caller's context, which reaches whichever writer
-// (or replica) there is now. Not on a connection pinned by session state,
-// which the next connection would not have.
-func (cn *Conn) lostRead(ctx context.Context, cls *sqlclass.Result, ws *primaryStmt, err error) bool {
-	if err == nil || !ws.idleBefore || cn.pins != 0 || cls.Pin || ctx.Err() != nil || !cn.primary.closed() || !cn.c.readOnly(cls) {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return connFault(pgErr)
-	}
-	return true
 }
 
 // refusedHint is the error for a statement a replica hint asks a replica

@@ -9,7 +9,6 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -395,103 +394,6 @@ func (s *clusterScope) release() {
 	}
 }
 
-// replicaConfig derives a replica's connection settings from the primary's:
-// same credentials, database, TLS and runtime parameters, another address,
-// and no fallback hosts (a replica entry is one node; the wait and the read
-// must land on the same one).
-func replicaConfig(wc *pgx.ConnConfig, host string, port uint16) *pgx.ConnConfig {
-	rc := wc.Copy()
-	rc.Host, rc.Port = host, port
-	// target_session_attrs (read-write, primary: common in HA DSNs) checks
-	// the primary; on a standby it would refuse every connection.
-	rc.ValidateConnect = nil
-	// transaction_read_only=off as a startup setting makes a standby refuse
-	// the connection (FATAL 25001), which would quietly send every read to
-	// the primary. Replica reads are read-only anyway.
-	if len(rc.RuntimeParams) > 0 {
-		rc.RuntimeParams = maps.Clone(rc.RuntimeParams)
-		delete(rc.RuntimeParams, "transaction_read_only")
-		if o, ok := rc.RuntimeParams["options"]; ok {
-			rc.RuntimeParams["options"] = dropOption(o, "transaction_read_only")
-		}
-	}
-	if rc.TLSConfig != nil && rc.TLSConfig.ServerName != "" {
-		rc.TLSConfig.ServerName = host
-	}
-	// Keep the primary's sslmode=prefer/allow behaviour: its fallbacks for its
-	// own first address differ only in TLS.
-	var fbs = rc.Fallbacks[:0:0]
-	for _, fb := range wc.Fallbacks {
-		if fb.Host != wc.Host || fb.Port != wc.Port {
-			continue
-		}
-		nf := *fb
-		nf.Host, nf.Port = host, port
-		if nf.TLSConfig != nil {
-			nf.TLSConfig = nf.TLSConfig.Clone()
-			if nf.TLSConfig.ServerName != "" {
-				nf.TLSConfig.ServerName = host
-			}
-		}
-		fbs = append(fbs, &nf)
-	}
-	rc.Fallbacks = fbs
-	return rc
-}
-
-// dropOption removes every setting of guc from a libpq options string
-// ("-c name=value", "-cname=value" or "--name=value", with backslash-escaped
-// spaces), keeping the rest as written.
-func dropOption(opts, guc string) string {
-	words := optionWords(opts)
-	sets := func(w string) bool {
-		name, _, _ := strings.Cut(w, "=")
-		return strings.ReplaceAll(strings.ToLower(name), "-", "_") == guc
-	}
-	var kept []string
-	for i := 0; i < len(words); i++ {
-		w := words[i]
-		switch {
-		case w == "-c" && i+1 < len(words) && sets(words[i+1]):
-			i++
-			continue
-		case strings.HasPrefix(w, "-c") && len(w) > 2 && sets(w[2:]):
-			continue
-		case strings.HasPrefix(w, "--") && sets(w[2:]):
-			continue
-		}
-		kept = append(kept, w)
-	}
-	return strings.Join(kept, " ")
-}
-
-// optionWords splits the options parameter into its words as the server
-// does: at blanks, a backslash keeping the next byte in the word (and
-// itself, so the words join back unchanged).
-func optionWords(opts string) []string {
-	var words []string
-	var cur strings.Builder
-	for i := 0; i < len(opts); i++ {
-		switch ch := opts[i]; {
-		case ch == '\\' && i+1 < len(opts):
-			cur.WriteByte(ch)
-			cur.WriteByte(opts[i+1])
-			i++
-		case ch == ' ' || ch == '\t' || ch == '\n':
-			if cur.Len() > 0 {
-				words = append(words, cur.String())
-				cur.Reset()
-			}
-		default:
-			cur.WriteByte(ch)
-		}
-	}
-	if cur.Len() > 0 {
-		words = append(words, cur.String())
-	}
-	return words
-}
-
 func (c *Connector) dialServer(ctx context.Context, n *node) (driver.Conn, error) {
 	if n.index < 0 {
 		return c.primary.Connect(ctx)
@@ -556,76 +458,6 @@ func (c *Connector) Driver() driver.Driver { return &Driver{} }
 
 // Config returns a copy of the connector's configuration.
 func (c *Connector) Config() *Config { return c.cfg.Clone() }
-
-// Stats counts what the connector's connections did since it was created.
-type Stats struct {
-	ReplicaReads int64 // reads served by a replica
-	PrimaryReads int64 // reads served by the primary (no replica usable, pinned, hinted, or fallback)
-	Fallbacks    int64 // reads sent to the primary because a replica was behind, unreachable or promoted
-	StaleReads   int64 // reads served by a replica behind the watermark (on_timeout=stale)
-	BehindErrors int64 // reads that returned ErrReplicaBehind (on_timeout=error)
-	Waits        int64 // reads that made a replica wait: a WAIT FOR, or polling after a failed check
-	WaitTimeouts int64 // waits whose budget ran out (or that the replica cancelled: statement_timeout)
-	// WaitRefusals counts waits a replica refused to start (PostgreSQL
-	// 19's 55000: its session held a lock); each such read went to another
-	// node, and the replica connection was closed.
-	WaitRefusals    int64
-	Captures        int64 // primary positions read after a commit
-	CaptureFailures int64 // commits whose position could not be read (the next read re-captures)
-	TokensClamped   int64 // Session positions beyond anything the primary had written, lowered to its position
-	TokensRebased   int64 // Session positions from another primary generation, moved to the current one
-	// Pinned counts the connections pinned to the primary now: session
-	// state they hold (an advisory lock, LISTEN, a temporary table...)
-	// keeps their reads there until it is released.
-	Pinned int64
-	// PinnedBy counts pinned connections by reason ("advisory lock",
-	// "LISTEN", "temporary table", "prepared statement", "cursor WITH
-	// HOLD", "setting a standby refuses", "set_config with a computed
-	// name", "LOAD or setseed", "state not read back yet"); a connection
-	// may count under several. Reasons with no connection are left out.
-	PinnedBy map[string]int64
-
-	// Overload bounds (README, "Overload").
-	FallbackPeak     int64 // the most reads on the primary at once for lack of a fresh replica (what max_fallback bounds)
-	FallbackWaits    int64 // such reads that found max_fallback reached and waited (on_max_fallback=wait)
-	FallbacksRefused int64 // such reads that got no place on the primary: failed, or served stale, per on_max_fallback
-	WaitPeak         int64 // the most reads waiting at once on one replica (what max_waits bounds)
-	WaitsRefused     int64 // times a read found max_waits reads already waiting on a replica and did not wait there
-	LagSkips         int64 // times a replica was passed over because it was not known to be within max_replica_lag
-}
-
-type counters struct {
-	replicaReads, primaryReads, fallbacks, staleReads, behindErrors atomic.Int64
-	waits, waitTimeouts, captures, captureFailures                  atomic.Int64
-	waitFors                                                        atomic.Int64 // checks sent as WAIT FOR LSN
-	waitRefusals                                                    atomic.Int64
-	tokensClamped, tokensRebased                                    atomic.Int64
-	pinned                                                          atomic.Int64
-	pinnedBy                                                        [numPinReasons]atomic.Int64
-	fallbackWaits, fallbacksRefused, waitsRefused                   atomic.Int64
-	writerChanges                                                   atomic.Int64 // new timelines seen after the first
-}
-
-// Stats returns the connector's counters.
-func (c *Connector) Stats() Stats {
-	s := &c.stats
-	st := Stats{
-		ReplicaReads: s.replicaReads.Load(), PrimaryReads: s.primaryReads.Load(), Fallbacks: s.fallbacks.Load(),
-		StaleReads: s.staleReads.Load(), BehindErrors: s.behindErrors.Load(), Waits: s.waits.Load(),
-		WaitTimeouts: s.waitTimeouts.Load(), WaitRefusals: s.waitRefusals.Load(), Captures: s.captures.Load(), CaptureFailures: s.captureFailures.Load(),
-		TokensClamped: s.tokensClamped.Load(), TokensRebased: s.tokensRebased.Load(),
-		Pinned: s.pinned.Load(), PinnedBy: map[string]int64{},
-		FallbackPeak: c.over.fallback.peak.Load(), FallbackWaits: s.fallbackWaits.Load(),
-		FallbacksRefused: s.fallbacksRefused.Load(), WaitPeak: c.over.waitPeak.Load(),
-		WaitsRefused: s.waitsRefused.Load(), LagSkips: c.topo.lag.skips.Load(),
-	}
-	for i := range s.pinnedBy {
-		if n := s.pinnedBy[i].Load(); n != 0 {
-			st.PinnedBy[pinReasonNames[i]] = n
-		}
-	}
-	return st
-}
 
 var (
 	_ driver.Driver        = (*Driver)(nil)

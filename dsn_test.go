@@ -378,7 +378,7 @@ func TestReplicaLagSpelling(t *testing.T) {
 
 // Each DSN key's Config field names it, with its default, in its doc.
 func TestConfigDocsNameDSNKeys(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), "dsn.go", nil, parser.ParseComments)
+	f, err := parser.ParseFile(token.NewFileSet(), "config.go", nil, parser.ParseComments)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -158,3 +158,11 @@ func replicaFault(e *pgconn.PgError) bool {
 	}
 	return strings.HasPrefix(e.Code, sqlstateClassConnection)
 }
+
+// errPositionLost: the watermark a read needs could not be read (see
+// pipelined); the read goes to the primary, as when watermark fails.
+var errPositionLost = errors.New("pgryw: the session's position could not be read")
+
+// errUsePrimary tells callers that a read belongs on the primary after all; it
+// never reaches the application.
+var errUsePrimary = errors.New("pgryw: use the primary")

@@ -3,8 +3,6 @@ package pgryw
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
-	"errors"
 	"log/slog"
 )
 
@@ -36,36 +34,4 @@ func SetLogger(db *sql.DB, l *slog.Logger) error {
 	}
 	c.SetLogger(l)
 	return nil
-}
-
-// errNotPgryw: a *sql.DB whose connections are not pgryw's.
-var errNotPgryw = errors.New("pgryw: the pool's driver is not pgryw")
-
-// connectorOf reaches the Connector behind a pool through one of its
-// connections.
-func connectorOf(db *sql.DB) (*Connector, error) {
-	conn, err := db.Conn(context.Background())
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	var c *Connector
-	err = conn.Raw(func(dc any) error {
-		// Wrappers (otelsql's, for one) hand out their own connections
-		// and reach the driver's through Raw.
-		for range 8 {
-			w, ok := dc.(interface{ Raw() driver.Conn })
-			if !ok {
-				break
-			}
-			dc = w.Raw()
-		}
-		pc, ok := dc.(*Conn)
-		if !ok {
-			return errNotPgryw
-		}
-		c = pc.c
-		return nil
-	})
-	return c, err
 }

@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pgryw/pgryw/internal/lsn"
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
 
@@ -277,46 +276,6 @@ func (cn *Conn) fellBackFrom(n *node, why Fallback) {
 	cn.fellBack()
 }
 
-// checkedRead is pipelined, timed: a read sent with a catch-up check. A
-// read that had to wait (a WAIT FOR or PolarDB wait, or polling after a
-// failed check) counts as a wait of its node, and its duration goes into
-// the node's histogram and the statement's ServedBy.Wait.
-func (cn *Conn) checkedRead(ctx context.Context, a *attempt, wm *lsn.LSN, partial bool) (waitResult, error) {
-	cn.obs.waited = false
-	start := time.Now()
-	res, err := cn.pipelined(ctx, a, wm, partial)
-	c, n := cn.c, a.b.node
-	if res == waitTimeout && err == nil {
-		n.obs.waitTimeouts.Add(1)
-	}
-	if !cn.obs.waited && c.methodFor(a.b) == WaitPoll {
-		return res, err
-	}
-	d := time.Since(start)
-	cn.obs.wait += d
-	n.obs.waits.Add(1)
-	n.obs.observeWait(d)
-	if c.debug() {
-		c.logAt(slog.LevelDebug, "pgryw: waited for replica", slog.String("node", n.addr),
-			slog.Duration("wait", d), slog.String("outcome", waitOutcome(res, err)))
-	}
-	return res, err
-}
-
-func waitOutcome(res waitResult, err error) string {
-	switch {
-	case err != nil:
-		return "failed"
-	case res == waitOK:
-		return "caught up"
-	case res == waitNotStandby:
-		return "not a standby"
-	case res == waitCannot || res == waitUnchecked:
-		return "could not wait"
-	}
-	return "timed out"
-}
-
 // servedPlain reports a statement (or a BEGIN) of a connector without
 // replicas.
 func (cn *Conn) servedPlain(ctx context.Context, begin bool) {
@@ -374,25 +333,6 @@ func (cn *Conn) servedBegin(ctx context.Context, p *plan) {
 	n := cn.c.topo.primary
 	n.obs.transactions.Add(1)
 	cn.report(ctx, n, RolePrimary, true, p.route)
-}
-
-// served reports a statement run inside the transaction, on its node.
-func (t *tx) served(ctx context.Context, query string) {
-	cn := t.cn
-	n, role := t.b.node, RoleReplica
-	o := &n.obs
-	o.statements.Add(1)
-	if !t.onReplica {
-		role = RolePrimary
-		if cls := cn.c.classes.get(query); cn.c.mayWrite(&cls) {
-			o.writes.Add(1)
-		} else {
-			o.reads.Add(1)
-		}
-	} else {
-		o.reads.Add(1)
-	}
-	cn.report(ctx, n, role, false, RouteTransaction)
 }
 
 // report finishes a statement's observation: it notes the serving node's

@@ -44,14 +44,6 @@ func (cn *Conn) dropReplica(b *backend) {
 	b.close()
 }
 
-// errPositionLost: the watermark a read needs could not be read (see
-// pipelined); the read goes to the primary, as when watermark fails.
-var errPositionLost = errors.New("pgryw: the session's position could not be read")
-
-// errUsePrimary tells callers that a read belongs on the primary after all; it
-// never reaches the application.
-var errUsePrimary = errors.New("pgryw: use the primary")
-
 // nextReplica picks and connects a replica for a read that needs wm. check
 // reports that the replica is not known to have replayed wm: the caller must
 // check (or wait) on it before using its answer; stale, that the read is
@@ -104,39 +96,6 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64, busy
 		}
 		return b, !hopeless && wm > 0 && n.knownReplayOn(b) < wm, hopeless, nil
 	}
-}
-
-// behind decides what a read does when replica n did not (or, by its
-// measured lag, will not) replay wm in time, or an overload bound (limit, as
-// in ReplicaBehindError) rules it out: errUsePrimary (on_timeout=primary,
-// within max_fallback), a *ReplicaBehindError (on_timeout=error), or nil to
-// serve the replica's rows anyway (on_timeout=stale).
-func (cn *Conn) behind(ctx context.Context, n *node, wm lsn.LSN, limit string) error {
-	cn.skip(n, FallbackBehind)
-	switch cn.c.cfg.OnTimeout {
-	case OnTimeoutError:
-		cn.c.stats.behindErrors.Add(1)
-		waited := cn.c.cfg.WaitTimeout
-		if limit != "" {
-			waited = 0
-		}
-		return behindError(n, wm, waited, limit)
-	case OnTimeoutStale:
-		cn.c.stats.staleReads.Add(1)
-		return nil
-	}
-	return cn.fallback(ctx, n, wm)
-}
-
-// refusedBackoff is how long a replica that refused to start a transaction
-// under the session's defaults is left out: the defaults come from the DSN,
-// the role or the database, and rarely change.
-const refusedBackoff = time.Minute
-
-// markRefused leaves n out of reads for refusedBackoff.
-func (n *node) markRefused() {
-	n.downUntil.Store(time.Now().Add(refusedBackoff).UnixNano())
-	n.obs.refusedUntil.Store(n.downUntil.Load())
 }
 
 // pipelinedAttempts bounds how many times a read is sent along with a check
@@ -297,9 +256,6 @@ func next(o outcome, retriedStale bool) step {
 	return stepOther
 }
 
-// nodeEvent is what an attempt teaches about its node.
-type nodeEvent uint8
-
 const (
 	eventNone     nodeEvent = iota
 	eventDown               // unreachable: probed by the monitor from now on
@@ -335,18 +291,6 @@ var effects = [outcomes]effect{
 	outRefusedByStandby: {eventRefused, FallbackRefused, keepConn},
 	outRefusedAsStandby: {eventNone, FallbackRefused, keepConn},
 	outFault:            {eventGone, FallbackUnreachable, dropIfClosed},
-}
-
-// record applies what an attempt on n taught about it.
-func (n *node) record(e nodeEvent) {
-	switch e {
-	case eventDown:
-		n.markDown()
-	case eventRefused:
-		n.markRefused()
-	case eventPromoted:
-		n.notStandby.Store(true)
-	}
 }
 
 // try runs one attempt on b: the watermark made whole or the check armed as

@@ -267,35 +267,3 @@ func SessionFrom(ctx context.Context) *Session {
 	s, _ := ctx.Value(sessionKey{}).(*Session)
 	return s
 }
-
-type ctxKey int
-
-const (
-	ctxPrimary ctxKey = iota
-	ctxReplica
-)
-
-// WithPrimary returns a context that sends every statement run with it to the
-// primary, whatever its classification. Use it for reads that must see other
-// sessions' latest writes too.
-func WithPrimary(ctx context.Context) context.Context {
-	return context.WithValue(ctx, ctxPrimary, true)
-}
-
-func wantsPrimary(ctx context.Context) bool {
-	v, _ := ctx.Value(ctxPrimary).(bool)
-	return v
-}
-
-// WithReplica returns a context that sends reads run with it to a replica
-// even on a connection pinned to the primary by session state, like a
-// /* pgryw:replica */ comment; a statement that writes is refused with
-// ErrReplicaHint. The read still waits for the session's watermark.
-func WithReplica(ctx context.Context) context.Context {
-	return context.WithValue(ctx, ctxReplica, true)
-}
-
-func wantsReplica(ctx context.Context) bool {
-	v, _ := ctx.Value(ctxReplica).(bool)
-	return v
-}

@@ -1,7 +1,10 @@
 package pgryw
 
 import (
+	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"sync/atomic"
 	"time"
 )
@@ -158,27 +161,6 @@ func (o *nodeObs) observeWait(d time.Duration) {
 	o.waitSum.Add(int64(d))
 }
 
-// health returns n's state at now (unix ns), from what the routing code and
-// the monitor recorded on it.
-func (n *node) health(now int64) Health {
-	if n.index >= 0 && n.foreign.Load() {
-		return HealthForeign
-	}
-	if n.index >= 0 && n.notStandby.Load() {
-		return HealthNotStandby
-	}
-	if n.down.Load() {
-		return HealthDown // until the monitor's probe answers
-	}
-	switch until := n.downUntil.Load(); {
-	case until <= now:
-		return HealthUp
-	case until == n.obs.refusedUntil.Load():
-		return HealthRefused // the backoff is the refusal's, not a later failure's
-	}
-	return HealthDown
-}
-
 // NodeStats returns the counters and state of every node: the primary
 // first, then the replicas in configuration order.
 func (c *Connector) NodeStats() []NodeStats {
@@ -254,4 +236,106 @@ func NodeStatsOf(db *sql.DB) ([]NodeStats, error) {
 		return nil, err
 	}
 	return c.NodeStats(), nil
+}
+
+// Stats counts what the connector's connections did since it was created.
+type Stats struct {
+	ReplicaReads int64 // reads served by a replica
+	PrimaryReads int64 // reads served by the primary (no replica usable, pinned, hinted, or fallback)
+	Fallbacks    int64 // reads sent to the primary because a replica was behind, unreachable or promoted
+	StaleReads   int64 // reads served by a replica behind the watermark (on_timeout=stale)
+	BehindErrors int64 // reads that returned ErrReplicaBehind (on_timeout=error)
+	Waits        int64 // reads that made a replica wait: a WAIT FOR, or polling after a failed check
+	WaitTimeouts int64 // waits whose budget ran out (or that the replica cancelled: statement_timeout)
+	// WaitRefusals counts waits a replica refused to start (PostgreSQL
+	// 19's 55000: its session held a lock); each such read went to another
+	// node, and the replica connection was closed.
+	WaitRefusals    int64
+	Captures        int64 // primary positions read after a commit
+	CaptureFailures int64 // commits whose position could not be read (the next read re-captures)
+	TokensClamped   int64 // Session positions beyond anything the primary had written, lowered to its position
+	TokensRebased   int64 // Session positions from another primary generation, moved to the current one
+	// Pinned counts the connections pinned to the primary now: session
+	// state they hold (an advisory lock, LISTEN, a temporary table...)
+	// keeps their reads there until it is released.
+	Pinned int64
+	// PinnedBy counts pinned connections by reason ("advisory lock",
+	// "LISTEN", "temporary table", "prepared statement", "cursor WITH
+	// HOLD", "setting a standby refuses", "set_config with a computed
+	// name", "LOAD or setseed", "state not read back yet"); a connection
+	// may count under several. Reasons with no connection are left out.
+	PinnedBy map[string]int64
+
+	// Overload bounds (README, "Overload").
+	FallbackPeak     int64 // the most reads on the primary at once for lack of a fresh replica (what max_fallback bounds)
+	FallbackWaits    int64 // such reads that found max_fallback reached and waited (on_max_fallback=wait)
+	FallbacksRefused int64 // such reads that got no place on the primary: failed, or served stale, per on_max_fallback
+	WaitPeak         int64 // the most reads waiting at once on one replica (what max_waits bounds)
+	WaitsRefused     int64 // times a read found max_waits reads already waiting on a replica and did not wait there
+	LagSkips         int64 // times a replica was passed over because it was not known to be within max_replica_lag
+}
+
+type counters struct {
+	replicaReads, primaryReads, fallbacks, staleReads, behindErrors atomic.Int64
+	waits, waitTimeouts, captures, captureFailures                  atomic.Int64
+	waitFors                                                        atomic.Int64 // checks sent as WAIT FOR LSN
+	waitRefusals                                                    atomic.Int64
+	tokensClamped, tokensRebased                                    atomic.Int64
+	pinned                                                          atomic.Int64
+	pinnedBy                                                        [numPinReasons]atomic.Int64
+	fallbackWaits, fallbacksRefused, waitsRefused                   atomic.Int64
+	writerChanges                                                   atomic.Int64 // new timelines seen after the first
+}
+
+// Stats returns the connector's counters.
+func (c *Connector) Stats() Stats {
+	s := &c.stats
+	st := Stats{
+		ReplicaReads: s.replicaReads.Load(), PrimaryReads: s.primaryReads.Load(), Fallbacks: s.fallbacks.Load(),
+		StaleReads: s.staleReads.Load(), BehindErrors: s.behindErrors.Load(), Waits: s.waits.Load(),
+		WaitTimeouts: s.waitTimeouts.Load(), WaitRefusals: s.waitRefusals.Load(), Captures: s.captures.Load(), CaptureFailures: s.captureFailures.Load(),
+		TokensClamped: s.tokensClamped.Load(), TokensRebased: s.tokensRebased.Load(),
+		Pinned: s.pinned.Load(), PinnedBy: map[string]int64{},
+		FallbackPeak: c.over.fallback.peak.Load(), FallbackWaits: s.fallbackWaits.Load(),
+		FallbacksRefused: s.fallbacksRefused.Load(), WaitPeak: c.over.waitPeak.Load(),
+		WaitsRefused: s.waitsRefused.Load(), LagSkips: c.topo.lag.skips.Load(),
+	}
+	for i := range s.pinnedBy {
+		if n := s.pinnedBy[i].Load(); n != 0 {
+			st.PinnedBy[pinReasonNames[i]] = n
+		}
+	}
+	return st
+}
+
+// errNotPgryw: a *sql.DB whose connections are not pgryw's.
+var errNotPgryw = errors.New("pgryw: the pool's driver is not pgryw")
+
+// connectorOf reaches the Connector behind a pool through one of its
+// connections.
+func connectorOf(db *sql.DB) (*Connector, error) {
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var c *Connector
+	err = conn.Raw(func(dc any) error {
+		// Wrappers (otelsql's, for one) hand out their own connections
+		// and reach the driver's through Raw.
+		for range 8 {
+			w, ok := dc.(interface{ Raw() driver.Conn })
+			if !ok {
+				break
+			}
+			dc = w.Raw()
+		}
+		pc, ok := dc.(*Conn)
+		if !ok {
+			return errNotPgryw
+		}
+		c = pc.c
+		return nil
+	})
+	return c, err
 }

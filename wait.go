@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -94,100 +95,6 @@ const (
 	// not served by this replica.
 	waitUnchecked
 )
-
-// primaryPos is a position read on the primary, with the timeline it is on.
-type primaryPos struct {
-	lsn lsn.LSN
-	tli uint32
-}
-
-// capture reads the primary's WAL insert position with a round trip of its
-// own. Call it only after a commit has returned.
-func capture(ctx context.Context, b *backend) (primaryPos, error) {
-	row, _, err := b.control(ctx, sqlCapture)
-	if err != nil {
-		return primaryPos{}, err
-	}
-	return b.parseCapture(row)
-}
-
-// parseCapture reads a capture's row on b: sqlCapture's, whose block size,
-// timeline and function OID b keeps, or the position alone (sqlCaptureLSN's
-// or the fast-path call's), which needs them kept.
-func (b *backend) parseCapture(row []string) (primaryPos, error) {
-	if len(row) == 1 {
-		bs, tli := b.walBlock.Load(), b.walTLI.Load()
-		if bs == 0 {
-			return primaryPos{}, errors.New("pgryw: a position without the primary's wal_block_size")
-		}
-		l, err := parseInsertLSN(row[0])
-		if err != nil {
-			return primaryPos{}, err
-		}
-		return primaryPos{lsn: adjustInsertLSN(l, bs), tli: tli}, nil
-	}
-	p, bs, fn, err := parseCapture(row)
-	if err == nil {
-		b.walTLI.Store(p.tli)
-		b.captureFn.Store(fn)
-		b.walBlock.Store(bs)
-	}
-	return p, err
-}
-
-// parseCapture reads sqlCapture's row, and the block size and function OID
-// it carries (a NULL OID reads as "" here, and as 0).
-func parseCapture(row []string) (primaryPos, uint64, uint32, error) {
-	if len(row) != 4 {
-		return primaryPos{}, 0, 0, fmt.Errorf("pgryw: primary position query returned %d columns", len(row))
-	}
-	l, err := parseInsertLSN(row[0])
-	if err != nil {
-		return primaryPos{}, 0, 0, err
-	}
-	bs, err := strconv.ParseUint(row[1], 10, 32)
-	if err != nil || bs == 0 {
-		return primaryPos{}, 0, 0, fmt.Errorf("pgryw: primary returned an unreadable wal_block_size %q", clip(row[1]))
-	}
-	tli, ok := walFileTimeline(row[2])
-	if !ok {
-		return primaryPos{}, 0, 0, fmt.Errorf("pgryw: primary returned an unreadable WAL file name %q", clip(row[2]))
-	}
-	var fn uint64
-	if row[3] != "" {
-		if fn, err = strconv.ParseUint(row[3], 10, 32); err != nil {
-			return primaryPos{}, 0, 0, fmt.Errorf("pgryw: primary returned an unreadable function OID %q", clip(row[3]))
-		}
-	}
-	return primaryPos{lsn: adjustInsertLSN(l, bs), tli: tli}, bs, uint32(fn), nil
-}
-
-// parseInsertLSN reads a capture's pg_current_wal_insert_lsn().
-func parseInsertLSN(s string) (lsn.LSN, error) {
-	l, err := lsn.Parse(s)
-	if err != nil {
-		return 0, fmt.Errorf("pgryw: primary returned an unreadable WAL position: %w", err)
-	}
-	return l, nil
-}
-
-// walFileTimeline reads the timeline from a WAL file name: its first eight
-// of 24 hex digits. Timeline 0 does not exist.
-func walFileTimeline(name string) (uint32, bool) {
-	if len(name) != 24 {
-		return 0, false
-	}
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; !(c >= '0' && c <= '9' || c >= 'A' && c <= 'F') {
-			return 0, false
-		}
-	}
-	tli, err := strconv.ParseUint(name[:8], 16, 32)
-	return uint32(tli), err == nil && tli != 0
-}
-
-// adjustInsertLSN: see lsn.ReplayTarget.
-func adjustInsertLSN(l lsn.LSN, blockSize uint64) lsn.LSN { return lsn.ReplayTarget(l, blockSize) }
 
 // budget is how long a read may wait for a replica: wait_timeout, or what is
 // left of the caller's deadline if that is sooner.
@@ -474,4 +381,64 @@ func (c *Connector) configError(b *backend, err error) error {
 		return fmt.Errorf("pgryw: wait_method=wait_for needs PostgreSQL 19 or later; replica %s runs %d: %w", b.node.addr, b.major, err)
 	}
 	return nil
+}
+
+// PolarDB's wait (wait_method=polar), as its proxy does it (seed 000): three
+// settings in front of the read,
+//
+//	SET polar_consistency_mode = 'strict';   -- or 'best_effort'
+//	SET polar_proxy_wait_timeout_ms = 500;
+//	SET polar_xact_split_wait_lsn = '97500059720';  -- the LSN in decimal
+//
+// after which the replica, when the read takes its snapshot, waits until it
+// has replayed the LSN or the time runs out. In strict mode a timeout fails
+// the read; in best_effort mode the read runs anyway and the replica says so
+// with a warning. pgryw sends the settings as one simple query riding in
+// the same flush as the read (PolarDB's proxy splices them into the read's
+// own query message; the settings are session-level, so the effect is the
+// same), and maps on_timeout onto the modes: stale is best_effort, primary
+// and error are strict, after which the read goes to the primary or fails
+// with ErrReplicaBehind. Both operands are formatted from numbers pgryw
+// holds.
+//
+// The error and warning a PolarDB replica sends on a timeout are recognised
+// by their text: an error (SQLSTATE 57014, query_canceled) or a warning
+// whose message names polar_xact_split_wait_lsn. This follows the seed's
+// description and pgtest's stand-in (internal/pgtest/polar.go); it has not
+// been checked against a PolarDB server.
+
+// polarSQL builds the settings for a read that needs target within budget.
+func polarSQL(onTimeout OnTimeout, target lsn.LSN, budget time.Duration) string {
+	mode := "strict"
+	if onTimeout == OnTimeoutStale {
+		mode = "best_effort"
+	}
+	ms := max(budget.Milliseconds(), 1)
+	return fmt.Sprintf("SET polar_consistency_mode = '%s'; SET polar_proxy_wait_timeout_ms = %d; SET polar_xact_split_wait_lsn = '%s'",
+		mode, ms, target.Decimal())
+}
+
+// isPolarTimeout reports the strict-mode timeout of a PolarDB wait.
+func isPolarTimeout(err error) bool {
+	var e *pgconn.PgError
+	return errors.As(err, &e) && e.Code == "57014" && strings.Contains(e.Message, "polar_xact_split_wait_lsn")
+}
+
+// polarOutcome reads what a PolarDB-waited read says about the wait: a
+// strict timeout failed the read; a best_effort timeout came as a warning
+// (counted from the notices pgx was passed since notices). Otherwise the
+// replica reached target before the read's snapshot.
+func (c *Connector) polarOutcome(b *backend, a *attempt, target lsn.LSN, notices uint64) waitResult {
+	switch {
+	case isPolarTimeout(a.err):
+		c.stats.waitTimeouts.Add(1)
+		return waitTimeout
+	case c.cfg.OnTimeout == OnTimeoutStale && b.wire.Notices() != notices:
+		// best_effort: the rows may predate target.
+		c.stats.waitTimeouts.Add(1)
+		return waitTimeout
+	case a.err == nil:
+		c.topo.reached(b.node, b.peer.Instance, target, time.Now().UnixNano())
+	}
+	return waitOK
 }

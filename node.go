@@ -227,223 +227,76 @@ func (n *node) probeAnswered() bool {
 	return false
 }
 
-// topology holds every node of one connector.
-type topology struct {
-	primary  *node
-	replicas []*node
-	next     atomic.Uint32 // rotates the starting replica between reads
-	hist     history
-	lag      lagBound // max_replica_lag (overload.go)
-}
-
-// pick chooses a replica for a read that needs the watermark wm: a usable
-// replica already known to have replayed wm, rotating among those; else the
-// usable replica known to be least behind among those whose measured lag
-// lets them catch up within budget. When every usable replica is known to
-// be too far behind, or not known to be within max_replica_lag, it returns
-// the least behind of them with hopeless set.
-// Replicas whose bit is set in tried are skipped. It returns nil when none
-// is usable. It does not allocate.
-func (t *topology) pick(wm lsn.LSN, tried uint64, budget time.Duration) (best *node, hopeless bool) {
-	n := len(t.replicas)
-	if n == 0 {
-		return nil, false
-	}
-	// The clock is read only when something needs it: a replica out of
-	// reads until some time, a lag bound, or one that has not replayed wm.
-	var now int64
-	clock := func() int64 {
-		if now == 0 {
-			now = time.Now().UnixNano()
-		}
-		return now
-	}
-	start := 0
-	if n > 1 {
-		// In uint32: on 32-bit platforms int(next) turns negative past
-		// 2^31. Not with one replica: an atomic add on a word every
-		// connection of the pool writes costs more than the read's
-		// routing otherwise does.
-		start = int(t.next.Add(1) % uint32(n))
-	}
-	var lost *node
-	for k := 0; k < n; k++ {
-		r := t.replicas[(start+k)%n]
-		if tried&(1<<uint(r.index%64)) != 0 || !r.usableBy(clock) {
-			continue
-		}
-		switch t.rate(r, wm, budget, clock) {
-		case rateReady:
-			return r, false
-		case rateHopeless:
-			lost = further(lost, r)
-		default:
-			best = further(best, r)
-		}
-	}
-	if best == nil && lost != nil {
-		return lost, true
-	}
-	return best, false
-}
-
-// A replica's rating for a read that needs a watermark.
-const (
-	rateBehind   = iota // it may catch up within the budget
-	rateReady           // known to have replayed the watermark
-	rateHopeless        // it will not catch up in time, or is not within max_replica_lag
-)
-
-// rate rates replica r for a read that needs wm within budget.
-func (t *topology) rate(r *node, wm lsn.LSN, budget time.Duration, clock func() int64) int {
-	if t.lag.on && !t.lag.allows(r, clock()) {
-		// Not known to be within max_replica_lag: as good as hopeless.
-		t.lag.skips.Add(1)
-		return rateHopeless
-	}
-	if r.knownReplay() >= wm {
-		return rateReady
-	}
-	if t.hopeless(r, wm, budget, clock()) {
-		return rateHopeless
-	}
-	return rateBehind
-}
-
-// further returns whichever of best (perhaps nil) and r is known to have
-// replayed further; best on a tie.
-func further(best, r *node) *node {
-	if best == nil || r.knownReplay() > best.knownReplay() {
-		return r
-	}
-	return best
-}
-
-// history remembers when the primary was seen at which WAL positions (from
-// captures and the monitor), so a replica's replay position can be turned
-// into a lag in time: a replica that has replayed P, observed at t, while the
-// primary was already past P at T, is at least t−T behind. All times are this
-// process's clock; no server clocks are compared.
-type history struct {
-	mu   sync.Mutex
-	tli  uint32 // the timeline the entries are on
-	lsn  [historySize]uint64
-	at   [historySize]int64
-	n    int // entries used
-	head int // index of the oldest entry
-}
-
 const historySize = 256
-
-// add records that the primary was at l on timeline tli at time t. Positions
-// only rise within a timeline; a later timeline (a new writer) starts the
-// history afresh, and a position of an earlier one is ignored.
-func (h *history) add(l lsn.LSN, t int64, tli uint32) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	switch {
-	case tli > h.tli:
-		h.tli, h.n, h.head = tli, 0, 0
-	case tli < h.tli:
-		return
-	}
-	if h.n > 0 {
-		last := (h.head + h.n - 1) % historySize
-		if uint64(l) <= h.lsn[last] {
-			return
-		}
-	}
-	var i int
-	if h.n < historySize {
-		i = (h.head + h.n) % historySize
-		h.n++
-	} else {
-		i = h.head
-		h.head = (h.head + 1) % historySize
-	}
-	h.lsn[i], h.at[i] = uint64(l), t
-}
-
-// latest returns the highest primary position recorded, or 0.
-func (h *history) latest() lsn.LSN {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.n == 0 {
-		return 0
-	}
-	return lsn.LSN(h.lsn[(h.head+h.n-1)%historySize])
-}
-
-// firstAfter returns the time the primary was first seen past l (strictly if
-// strict, else at or past), and false when it never was (as far as we know).
-func (h *history) firstAfter(l lsn.LSN, strict bool) (int64, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	lo, hi := 0, h.n
-	for lo < hi {
-		mid := (lo + hi) / 2
-		v := h.lsn[(h.head+mid)%historySize]
-		if v > uint64(l) || !strict && v == uint64(l) {
-			hi = mid
-		} else {
-			lo = mid + 1
-		}
-	}
-	if lo == h.n {
-		return 0, false
-	}
-	return h.at[(h.head+lo)%historySize], true
-}
-
-// observe records that n had replayed p at time t and updates its lag.
-func (t *topology) observe(n *node, inst uint64, p lsn.LSN, at int64) {
-	n.sawReplay(p, inst)
-	if T, ok := t.hist.firstAfter(p, true); ok && at > T {
-		n.setLag(at-T, at)
-	} else {
-		n.setLag(0, at)
-	}
-}
-
-// reached records that n was seen at or past target at time at (a wait
-// succeeded). The lag can only have been as long as the time since the
-// primary was first seen at target.
-func (t *topology) reached(n *node, inst uint64, target lsn.LSN, at int64) {
-	n.sawReplay(target, inst)
-	if T, ok := t.hist.firstAfter(target, false); ok {
-		if ub := at - T; ub < n.lag.Load() {
-			n.setLag(max(ub, 0), at)
-		}
-	}
-}
-
-func (n *node) setLag(d, at int64) {
-	n.lag.Store(d)
-	n.lagAt.Store(at)
-}
 
 // lagFresh bounds how old a lag measurement may be and still send reads to
 // the primary without trying the replica.
 const lagFresh = int64(time.Second)
 
-// eta returns when n is expected to have replayed wm, by its last measured
-// lag: wm was first seen on the primary at T, so n gets there at about T+lag
-// at the earliest. ok is false without a fresh lag or a known T.
-func (t *topology) eta(n *node, wm lsn.LSN) (at int64, ok bool) {
-	lagAt := n.lagAt.Load()
-	if lagAt == 0 || time.Now().UnixNano()-lagAt > lagFresh {
-		return 0, false
-	}
-	T, ok := t.hist.firstAfter(wm, false)
-	if !ok {
-		return 0, false
-	}
-	return T + n.lag.Load(), true
+// refusedBackoff is how long a replica that refused to start a transaction
+// under the session's defaults is left out: the defaults come from the DSN,
+// the role or the database, and rarely change.
+const refusedBackoff = time.Minute
+
+// markRefused leaves n out of reads for refusedBackoff.
+func (n *node) markRefused() {
+	n.downUntil.Store(time.Now().Add(refusedBackoff).UnixNano())
+	n.obs.refusedUntil.Store(n.downUntil.Load())
 }
 
-// hopeless reports that n, at its last measured lag, cannot replay wm within
-// budget. Reads then do not hold a replica connection for the whole budget.
-func (t *topology) hopeless(n *node, wm lsn.LSN, budget time.Duration, now int64) bool {
-	eta, ok := t.eta(n, wm)
-	return ok && eta-now > int64(budget)
+// nodeEvent is what an attempt teaches about its node.
+type nodeEvent uint8
+
+// record applies what an attempt on n taught about it.
+func (n *node) record(e nodeEvent) {
+	switch e {
+	case eventDown:
+		n.markDown()
+	case eventRefused:
+		n.markRefused()
+	case eventPromoted:
+		n.notStandby.Store(true)
+	}
+}
+
+// health returns n's state at now (unix ns), from what the routing code and
+// the monitor recorded on it.
+func (n *node) health(now int64) Health {
+	if n.index >= 0 && n.foreign.Load() {
+		return HealthForeign
+	}
+	if n.index >= 0 && n.notStandby.Load() {
+		return HealthNotStandby
+	}
+	if n.down.Load() {
+		return HealthDown // until the monitor's probe answers
+	}
+	switch until := n.downUntil.Load(); {
+	case until <= now:
+		return HealthUp
+	case until == n.obs.refusedUntil.Load():
+		return HealthRefused // the backoff is the refusal's, not a later failure's
+	}
+	return HealthDown
+}
+
+// fastPathOn reports whether captures on n may take the fast path.
+func (n *node) fastPathOn() bool {
+	until := n.fastOffUntil.Load()
+	if until == 0 {
+		return true
+	}
+	if time.Now().UnixNano() < until {
+		return false
+	}
+	n.fastOffUntil.CompareAndSwap(until, 0)
+	return true
+}
+
+// fastPathOff turns n's fast path off for fastCaptureOff, after which a
+// probe must see it work again.
+func (n *node) fastPathOff() {
+	n.fastFails.Store(0)
+	n.fastOffUntil.Store(time.Now().Add(fastCaptureOff).UnixNano())
+	n.fastState.Store(fastUnknown)
 }

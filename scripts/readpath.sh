@@ -1,0 +1,16 @@
+#!/bin/sh
+# readpath.sh: which of the root package's files and functions one steady
+# replica read runs code in. TestSteadyRead runs with one and with two
+# steady reads under coverage (fake servers, no real PostgreSQL); the
+# blocks whose counts differ are the second read's, and TestReadPathFiles
+# lists them and holds the file count to its bound.
+set -eu
+cd "$(dirname "$0")/.."
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+for n in 1 2; do
+	PGRYW_STEADY_READS=$n go test -count=1 -covermode=count -coverpkg=github.com/pgryw/pgryw \
+		-coverprofile="$dir/$n.out" -run '^TestSteadyRead$' . >/dev/null
+done
+PGRYW_READPATH_PROFILES="$dir/1.out,$dir/2.out" go test -count=1 -v -run '^TestReadPathFiles$' . |
+	grep -E 'readpath_test|^(--- |ok|FAIL)'

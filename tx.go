@@ -1,0 +1,407 @@
+package pgryw
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgryw/pgryw/internal/lsn"
+	"github.com/pgryw/pgryw/internal/sqlclass"
+)
+
+// tx is a database/sql transaction. A read-write transaction runs wholly on
+// the primary; a read-only one may run wholly on a replica that was made to
+// catch up before BEGIN (a snapshot taken after BEGIN under REPEATABLE READ
+// would otherwise be older than the watermark).
+type tx struct {
+	cn        *Conn
+	b         *backend
+	inner     driver.Tx
+	ctx       context.Context
+	onReplica bool
+	wrote     bool // a statement that may write ran: the commit moves the watermark
+	opts      driver.TxOptions
+	ran       bool // a statement ran in it
+	tainted   bool // on a replica: a statement in it may have changed session state
+	// local: on a replica, the statements run so far whose effects last
+	// the transaction (SET LOCAL, savepoints, cursors), in order: run again
+	// on the primary if the rest of the transaction moves there.
+	local []replayed
+	// aborted: on a replica, a statement failed and no ROLLBACK TO has
+	// run since: the transaction only answers "aborted" now, wherever.
+	aborted bool
+	// checked: on a replica, the watermark it was known to have replayed
+	// when the transaction began (or found to be enough since).
+	checked lsn.LSN
+	// iso: the transaction's isolation level as the server reports it,
+	// once asked ("" until then).
+	iso string
+}
+
+// behind reports that the session's watermark has risen, since a read-only
+// transaction began on its replica, in a way its next statement would see
+// on the primary alone: before its first statement (which takes its
+// snapshot), or under READ COMMITTED, where each statement sees what
+// committed before it. Nothing waits inside the transaction (its session
+// holds locks after its first statement: a wait or a poll there could
+// stall the replica's replay, and PostgreSQL 19 refuses such a wait), so
+// the rest of the transaction moves to the primary instead. Under
+// REPEATABLE READ or SERIALIZABLE, after the first statement, the snapshot
+// is older than the write on any node, and nothing changes.
+func (t *tx) behind(ctx context.Context) bool {
+	if !t.onReplica || t.aborted || !t.cn.c.cfg.ReadYourWrites {
+		return false
+	}
+	wm, err := t.cn.watermark(ctx)
+	if err != nil {
+		return true // only the primary has everything now
+	}
+	if wm <= t.checked {
+		return false
+	}
+	if t.ran && !t.readCommitted(ctx) {
+		t.checked = wm
+		return false
+	}
+	return true
+}
+
+// readCommitted reports whether the transaction runs at READ COMMITTED (or
+// READ UNCOMMITTED, which is the same in PostgreSQL): from its options, or
+// for the default level, from the server, asked once (SHOW takes no
+// snapshot and no lock).
+func (t *tx) readCommitted(ctx context.Context) bool {
+	switch sql.IsolationLevel(t.opts.Isolation) {
+	case sql.LevelReadCommitted, sql.LevelReadUncommitted:
+		return true
+	case sql.LevelDefault:
+	default:
+		return false
+	}
+	if t.iso == "" {
+		row, _, err := t.b.control(ctx, "SHOW transaction_isolation")
+		if err != nil || len(row) != 1 {
+			return true // when in doubt, the primary
+		}
+		t.iso = row[0]
+	}
+	return t.iso == "read committed" || t.iso == "read uncommitted"
+}
+
+// replayed is a statement to run again when a transaction moves.
+type replayed struct {
+	query string
+	args  []driver.NamedValue
+}
+
+// needsPrimary reports that a statement in a read-only transaction on a
+// replica must run on the primary: it reads node identity or node-local
+// state, changes session state that outlives the transaction (a session
+// SET, an advisory lock, LISTEN, PREPARE, a cursor WITH HOLD, a temporary
+// table), or is not known to be a read (a write is refused by the
+// primary's read-only transaction as pgx would see it; a volatile function
+// may change the session). Statements whose effects end with the
+// transaction stay.
+func (t *tx) needsPrimary(cls *sqlclass.Result) bool {
+	switch {
+	case !t.onReplica || t.aborted:
+		return false
+	case cls.Node:
+		return true
+	case cls.TxLocal:
+		return false
+	}
+	return cls.Pin || !t.cn.c.readOnly(cls)
+}
+
+// toPrimary moves the rest of a read-only transaction from its replica to
+// the primary, before a statement that needsPrimary: the same transaction
+// begins there and the statements whose effects last the transaction run
+// again, so the moved statement sees what it would have seen. The replica's
+// transaction ends. Under REPEATABLE READ the statements from here on see
+// the primary's snapshot, taken now (README lists this).
+func (t *tx) toPrimary() error {
+	if err := t.reopenOnPrimary(); err != nil {
+		return err
+	}
+	for _, r := range t.local {
+		if _, err := t.b.exec(t.ctx, r.query, r.args); err != nil {
+			return err
+		}
+	}
+	t.local = nil
+	return nil
+}
+
+// BeginTx implements driver.ConnBeginTx.
+func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if err := cn.settlePending(ctx, false); err != nil {
+		return nil, err
+	}
+	if cn.c.plain {
+		t, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+		cn.servedPlain(ctx, true)
+		return t, err
+	}
+	cn.obs = stmtObs{}
+	p := cn.planForBegin(ctx, opts)
+	if p.target == targetReplica {
+		// BEGIN is routed like a read: the replica's check rides in front
+		// of it, so the snapshot, taken by the transaction's first
+		// statement, is no older than the watermark. A failed check rolls
+		// the transaction back before anything ran in it.
+		var none sqlclass.Result
+		op := cn.startOp(replicaOp{kind: opBegin, ctx: ctx, opts: opts})
+		onPrimary, _, err := cn.onReplica(ctx, "", &none, &p, false, op)
+		inner, on, checked := op.tx, op.on, op.checked
+		cn.op = replicaOp{}
+		if err != nil {
+			return nil, err
+		}
+		if !onPrimary {
+			cn.tx = &tx{cn: cn, b: on, inner: inner, ctx: ctx, onReplica: true, opts: opts, checked: checked}
+			return cn.tx, nil
+		}
+	}
+	if err := cn.checkPrimary(ctx); err != nil {
+		return nil, err
+	}
+	reset := cn.armReset()
+	inner, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	if reset != nil {
+		cn.primary.wire.Disarm()
+		cn.settleReset(ctx, reset)
+	}
+	cn.servedBegin(ctx, &p)
+	if err != nil {
+		cn.releaseFallback()
+		return nil, err
+	}
+	cn.primary.txOpen = true
+	cn.tx = &tx{cn: cn, b: cn.primary, inner: inner, ctx: ctx, opts: opts}
+	return cn.tx, nil
+}
+
+func (t *tx) note(query string, args []driver.NamedValue, cls *sqlclass.Result, err error) {
+	if t.onReplica {
+		// Session state taken in a transaction on a replica would outlive
+		// it there, unknown to pgryw (needsPrimary keeps it off replicas;
+		// a statement it could not see into may still): that replica
+		// connection is closed when the transaction ends.
+		t.tainted = t.tainted || touchesState(cls) && !cls.TxLocal
+		switch {
+		case err != nil:
+			t.aborted = true
+		case cls.TxLocal:
+			if cls.Tx == sqlclass.TxSavepoint && strings.HasPrefix(strings.ToUpper(strings.TrimSpace(query)), "ROLLBACK") {
+				t.aborted = false
+			}
+			t.local = append(t.local, replayed{query: query, args: slices.Clone(args)})
+		}
+		return
+	}
+	t.cn.track(cls)
+	if touchesState(cls) {
+		// Read back when the transaction ends; until then, it is pinned.
+		t.cn.setPins(t.cn.pins|pinUnread, cls.Reason)
+	}
+	if err == nil && t.cn.c.mayWrite(cls) {
+		t.wrote = true
+	}
+}
+
+// place classifies a statement of the transaction and, on a replica, moves
+// the transaction to the primary first when the statement must run there
+// or would see more there (needsPrimary, behind).
+func (t *tx) place(ctx context.Context, query string) (sqlclass.Result, error) {
+	cls := t.cn.c.classify(ctx, query)
+	if t.needsPrimary(&cls) || t.behind(ctx) {
+		return cls, t.toPrimary()
+	}
+	return cls, nil
+}
+
+func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Result, error) {
+	cls, err := t.place(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	res, err := t.b.execVia(ctx, st, query, args)
+	if refused, nodeWide := t.refused(err); refused {
+		if err = t.retryOnPrimary(query, nodeWide, err); err == nil {
+			res, err = t.b.execVia(ctx, st, query, args)
+		}
+	}
+	t.ran = true
+	t.note(query, args, &cls, err)
+	t.served(ctx, query)
+	return res, err
+}
+
+func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Rows, error) {
+	cls, err := t.place(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := t.b.queryVia(ctx, st, query, args)
+	if refused, nodeWide := t.refused(err); refused {
+		if err = t.retryOnPrimary(query, nodeWide, err); err == nil {
+			rows, err = t.b.queryVia(ctx, st, query, args)
+		}
+	}
+	t.ran = true
+	t.note(query, args, &cls, err)
+	t.served(ctx, query)
+	return rows, err
+}
+
+// refused reports that the standby refused the first statement of a
+// read-only transaction before running it: "cannot use serializable mode
+// in a hot standby", from a database, role or DSN default isolation level
+// that BEGIN alone does not apply.
+//
+// Or its first statement is one a standby refuses although the primary
+// runs it (a write: 25006; an unlogged table, a WAL function: 0A000,
+// 55000): nothing ran either, and the transaction moves the same way, the
+// node staying in reads.
+//
+// After its first statement, such a refusal moves the rest of the
+// transaction (toPrimary): the refusal aborted the replica's transaction,
+// but nothing of it is needed there any more.
+func (t *tx) refused(err error) (refused, nodeWide bool) {
+	var e *pgconn.PgError
+	if !t.onReplica || !errors.As(err, &e) {
+		return false, false
+	}
+	if refusedByStandby(e) {
+		return !t.ran, !t.ran
+	}
+	return e.Code == sqlstateReadOnly || refusedAsStandby(e) && !isStaleDescription(e), false
+}
+
+// retryOnPrimary moves a transaction whose statement its replica refused
+// to the primary, learning that the statement belongs there.
+func (t *tx) retryOnPrimary(query string, nodeWide bool, err error) error {
+	var e *pgconn.PgError
+	switch {
+	case nodeWide || !errors.As(err, &e):
+	case e.Code == sqlstateReadOnly:
+		t.cn.c.classes.learnWrite(query)
+	default:
+		t.cn.c.classes.learnPrimary(query, e.Code)
+	}
+	if !t.ran {
+		return t.moveToPrimary(nodeWide)
+	}
+	return t.toPrimary()
+}
+
+// moveToPrimary ends the replica's transaction, in which nothing ran, and
+// begins the same one on the primary, where the statement runs instead.
+// With nodeWide (the session's defaults cannot run on the node at all) the
+// node is left out of reads for a while.
+func (t *tx) moveToPrimary(nodeWide bool) error {
+	if nodeWide {
+		t.b.node.markRefused()
+	}
+	t.cn.fellBackFrom(t.b.node, FallbackRefused)
+	if err := t.reopenOnPrimary(); err != nil {
+		return err
+	}
+	t.cn.c.stats.primaryReads.Add(1)
+	t.cn.c.stats.fallbacks.Add(1)
+	return nil
+}
+
+// reopenOnPrimary ends the transaction on its replica and begins the same
+// one on the primary.
+func (t *tx) reopenOnPrimary() error {
+	cn := t.cn
+	t.inner.Rollback()
+	if t.tainted {
+		cn.dropReplica(t.b)
+		t.tainted = false
+	}
+	if err := cn.checkPrimary(t.ctx); err != nil {
+		cn.tx = nil
+		return err
+	}
+	inner, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(t.ctx, t.opts)
+	if err != nil {
+		cn.tx = nil
+		return err
+	}
+	cn.primary.txOpen = true
+	t.inner, t.b, t.onReplica = inner, cn.primary, false
+	return nil
+}
+
+// Commit implements driver.Tx. A committed read-write transaction advances
+// the watermark; the position query rides behind COMMIT in the same flush.
+// Any transaction's end also raises the connection's floor to a position at
+// or past what it read (monotonic reads).
+func (t *tx) Commit() error {
+	return t.end(t.inner.Commit, true)
+}
+
+// Rollback implements driver.Tx.
+func (t *tx) Rollback() error {
+	return t.end(t.inner.Rollback, false)
+}
+
+func (t *tx) end(f func() error, commit bool) error {
+	cn := t.cn
+	cn.tx = nil
+	defer cn.releaseFallback() // a read-only transaction that fell back to the primary
+	t.b.txOpen = false
+	if t.onReplica && !cn.c.cfg.ReadYourWrites {
+		err := f()
+		if t.tainted {
+			cn.dropReplica(t.b)
+		}
+		return err
+	}
+	if t.onReplica {
+		op := cn.startOp(replicaOp{kind: opEnd, ctx: t.ctx, end: f})
+		a := &attempt{ctx: t.ctx, cn: cn, b: t.b, trail: true, op: op}
+		a.read()
+		err := a.err
+		a.finish()
+		cn.op = replicaOp{}
+		if t.tainted {
+			cn.dropReplica(t.b)
+		}
+		return err
+	}
+	end := sqlclass.Result{Tx: sqlclass.TxRollback, Reason: "ROLLBACK"}
+	if commit {
+		end = sqlclass.Result{Tx: sqlclass.TxCommit, Write: t.wrote, Reason: "COMMIT"}
+	}
+	ws := cn.beforePrimaryCommits(t.ctx, &end, commit && t.wrote)
+	err := f()
+	cn.afterPrimary(t.ctx, &ws, err)
+	return err
+}
+
+// served reports a statement run inside the transaction, on its node.
+func (t *tx) served(ctx context.Context, query string) {
+	cn := t.cn
+	n, role := t.b.node, RoleReplica
+	o := &n.obs
+	o.statements.Add(1)
+	if !t.onReplica {
+		role = RolePrimary
+		if cls := cn.c.classes.get(query); cn.c.mayWrite(&cls) {
+			o.writes.Add(1)
+		} else {
+			o.reads.Add(1)
+		}
+	} else {
+		o.reads.Add(1)
+	}
+	cn.report(ctx, n, role, false, RouteTransaction)
+}
