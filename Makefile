@@ -6,12 +6,12 @@ GO ?= go
 # on FuzzLex in this repository). 200000 runs take 7-17 s a target here.
 FUZZTIME ?= 200000x
 
-.PHONY: pgrywsqlx test test-pg19-emulated test-pg18 test-pgbouncer pgbouncer test-docker unit vet generate generate-check dockertest redisstore otel prometheus fuzz fuzz-all difftest ormcheck demo bench postgres check-long
+.PHONY: readpath pgrywsqlx test test-pg19-emulated test-pg18 test-pgbouncer pgbouncer test-docker unit vet generate generate-check dockertest redisstore otel prometheus fuzz fuzz-all difftest ormcheck demo bench postgres check-long
 
 test: postgres pgbouncer vet
 	@./scripts/pg-version.sh "" "Debian's server: every test, with -race"
 	$(GO) test -race -count=1 ./...
-	$(MAKE) difftest ormcheck pgrywsqlx dockertest redisstore otel prometheus fuzz generate-check
+	$(MAKE) difftest ormcheck pgrywsqlx dockertest redisstore otel prometheus fuzz generate-check readpath
 	$(MAKE) test-pg19-emulated test-pg18 test-pgbouncer
 
 # The generated classifier table matches what the server says.
@@ -172,3 +172,8 @@ check-long: postgres
 		$(GO) test -count=1 -timeout=0 -v -run '^TestHistory$$' .
 	PGRYW_TRANSPARENCY_DURATION=$(HISTORY_DURATION) PGRYW_TRANSPARENCY_SEED=$(TRANSPARENCY_SEED) \
 		$(GO) test -count=1 -timeout=0 -v -run '^TestTransparency$$' .
+
+# Which root files one steady replica read runs code in (coverage of a
+# fake-server read; no PostgreSQL needed), held to TestReadPathFiles' bound.
+readpath:
+	./scripts/readpath.sh

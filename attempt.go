@@ -100,7 +100,10 @@ func (a *attempt) read() {
 	if a.cn.poll.b == a.b {
 		a.cn.settlePoll(a.ctx) // its slot is about to be reused
 	}
-	set := a.cn.armSettings(a.b)
+	var set *wire.Injection
+	if a.b.applied.version != a.cn.sess.set.version {
+		set = a.cn.armSettings(a.b)
+	}
 	if w := a.b.wire; w != nil {
 		if a.trail && a.cn.c.cfg.ReadYourWrites && a.cn.c.trailPolls() && !a.b.peer.TxPooled {
 			a.post = a.b.injectPrepared(&a.b.post, stmtPoll, sqlPoll)
@@ -112,7 +115,7 @@ func (a *attempt) read() {
 	if w := a.b.wire; w != nil {
 		w.Disarm()
 	}
-	a.unset = a.cn.settledSettings(a.b, set)
+	a.unset = set != nil && a.cn.settledSettings(a.b, set)
 }
 
 // drop discards the answer, whatever it was. A discarded read may leave a

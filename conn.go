@@ -105,8 +105,10 @@ func (cn *Conn) Prepare(query string) (driver.Stmt, error) {
 // runs, and where a failure aborts the transaction as pgx's would). Which
 // node runs it is still decided at each execution (see Stmt).
 func (cn *Conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	if err := cn.settlePending(ctx, false); err != nil {
-		return nil, err
+	if cn.pending != nil {
+		if err := cn.settlePending(ctx, false); err != nil {
+			return nil, err
+		}
 	}
 	st := &Stmt{cn: cn, query: query}
 	if t := cn.tx; t != nil && t.onReplica {
@@ -188,8 +190,10 @@ func (cn *Conn) Ping(ctx context.Context) error {
 // them) and arranges for the primary connection to be checked before
 // anything is sent on it (checkPrimary).
 func (cn *Conn) ResetSession(ctx context.Context) error {
-	if err := cn.settlePending(ctx, false); err != nil {
-		return err
+	if cn.pending != nil {
+		if err := cn.settlePending(ctx, false); err != nil {
+			return err
+		}
 	}
 	for i, b := range cn.replicas {
 		if b != nil && b.closed() {
@@ -198,8 +202,10 @@ func (cn *Conn) ResetSession(ctx context.Context) error {
 		}
 	}
 	cn.checkDue = true
-	if err := cn.probeFastPath(ctx); err != nil {
-		return err
+	if cn.primary.node.fastState.Load() == fastUnknown && cn.primary.captureFn.Load() != 0 {
+		if err := cn.probeFastPath(ctx); err != nil {
+			return err
+		}
 	}
 	if r, ok := cn.primary.conn.(driver.SessionResetter); ok {
 		if err := r.ResetSession(ctx); err != nil {
@@ -228,8 +234,10 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 // exec is ExecContext, of a prepared statement's text when st is not nil:
 // where st was prepared, it runs through it.
 func (cn *Conn) exec(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Result, error) {
-	if err := cn.settlePending(ctx, false); err != nil {
-		return nil, err
+	if cn.pending != nil {
+		if err := cn.settlePending(ctx, false); err != nil {
+			return nil, err
+		}
 	}
 	if cn.tx != nil {
 		return cn.tx.exec(ctx, query, args, st)
@@ -267,8 +275,10 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 // query is QueryContext, of a prepared statement's text when st is not
 // nil: where st was prepared, it runs through it.
 func (cn *Conn) query(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Rows, error) {
-	if err := cn.settlePending(ctx, false); err != nil {
-		return nil, err
+	if cn.pending != nil {
+		if err := cn.settlePending(ctx, false); err != nil {
+			return nil, err
+		}
 	}
 	if cn.tx != nil {
 		return cn.tx.query(ctx, query, args, st)

@@ -198,3 +198,18 @@ const (
 	ctxPrimary ctxKey = iota
 	ctxReplica
 )
+
+type sessionKey struct{}
+
+// WithSession returns a context whose statements use s: committed writes
+// advance it (as well as the connection's and the pool's watermarks) and
+// replica reads wait for its position too.
+func WithSession(ctx context.Context, s *Session) context.Context {
+	return context.WithValue(ctx, sessionKey{}, s)
+}
+
+// SessionFrom returns the Session attached to ctx by WithSession, or nil.
+func SessionFrom(ctx context.Context) *Session {
+	s, _ := ctx.Value(sessionKey{}).(*Session)
+	return s
+}

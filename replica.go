@@ -135,7 +135,9 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 	// then (pipelined). Not with on_timeout=stale, whose choice of replica
 	// needs the whole watermark.
 	if cn.c.cfg.ReadYourWrites && cn.c.cfg.OnTimeout != OnTimeoutStale {
-		r.spec = cn.inFlight()
+		if cn.pending != nil {
+			r.spec = cn.inFlight()
+		}
 	}
 	if r.wm, err = cn.watermarkBut(ctx, r.spec); err != nil {
 		return r.positionLost()

@@ -90,69 +90,11 @@ func NewSession(opts ...SessionOption) *Session {
 	return s
 }
 
-// markLost records a commit or read whose position is unknown.
-func (s *Session) markLost() { s.lost.Add(1) }
-
-// pending returns the lost count to pass to cover once a capture sent after
-// this call has returned, and whether any loss is still uncovered.
-func (s *Session) pending() (uint64, bool) {
-	l := s.lost.Load()
-	return l, l > s.covered.Load()
-}
-
-// cover records that a capture sent when lost was at seen has been applied
-// to the watermark.
-func (s *Session) cover(seen uint64) {
-	for {
-		cur := s.covered.Load()
-		if seen <= cur || s.covered.CompareAndSwap(cur, seen) {
-			return
-		}
-	}
-}
-
-// advanceAt raises the position to l of generation g. A position of
-// another generation replaces it: the new history is where the session's
-// writes are now (a write lost with the old primary is gone); but one of an
-// earlier timeline of the same system (an answer from a writer since
-// replaced) changes nothing.
-func (s *Session) advanceAt(g generation, l lsn.LSN) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.gen == g || g == (generation{}) || s.gen == (generation{}):
-		if g != (generation{}) {
-			s.gen = g
-		}
-		s.wm.Advance(l)
-	case g.system == s.gen.system && g.timeline < s.gen.timeline:
-	default:
-		s.gen = g
-		s.wm.Set(l) // readers load wm without the lock: never show them zero
-	}
-}
-
-// rebase sets the position to l of generation g, even lower: a token's
-// position from another history, or beyond anything the primary has.
-func (s *Session) rebase(g generation, l lsn.LSN) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.gen = g
-	s.wm.Set(l) // readers load wm without the lock: never show them zero
-}
-
 // signed reports whether the session's tokens are signed (it has keys).
 func (s *Session) signed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.keys) > 0
-}
-
-// position returns the generation and position.
-func (s *Session) position() (generation, lsn.LSN) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.gen, s.wm.Load()
 }
 
 // Token returns the session's position as a compact string, safe in a
@@ -251,19 +193,4 @@ func (s *Session) Observe(tok string) error {
 	s.gen = generation{system: m.SystemID, timeline: m.Timeline}
 	s.wm.Advance(m.LSN)
 	return nil
-}
-
-type sessionKey struct{}
-
-// WithSession returns a context whose statements use s: committed writes
-// advance it (as well as the connection's and the pool's watermarks) and
-// replica reads wait for its position too.
-func WithSession(ctx context.Context, s *Session) context.Context {
-	return context.WithValue(ctx, sessionKey{}, s)
-}
-
-// SessionFrom returns the Session attached to ctx by WithSession, or nil.
-func SessionFrom(ctx context.Context) *Session {
-	s, _ := ctx.Value(sessionKey{}).(*Session)
-	return s
 }

@@ -103,9 +103,11 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 	if !cn.c.cfg.ReadYourWrites {
 		return 0, nil
 	}
-	cn.settlePoll(ctx) // the floor of this connection's last replica read
+	if cn.poll.b != nil {
+		cn.settlePoll(ctx) // the floor of this connection's last replica read
+	}
 	// Writes that returned before their positions arrived (deferred.go).
-	if skip == nil {
+	if skip == nil && cn.pending != nil {
 		if err := cn.settlePending(ctx, true); err != nil {
 			return 0, err
 		}
@@ -149,7 +151,7 @@ type wmSources struct {
 // belongs to the writer's history.
 func (cn *Conn) collect(ctx context.Context, skip *pendingCapture, w *wmSources) error {
 	// Other connections' captures: one that is late counts as lost here.
-	if w.db {
+	if w.db && cn.c.inflight.n.Load() > 0 {
 		l, err := cn.c.inflight.settleOthers(ctx, skip)
 		if err != nil {
 			return err
@@ -348,4 +350,62 @@ func (c *Connector) genAt(ctx context.Context, b *backend, tli uint32) generatio
 // moved back onto the older history.
 func newer(a, b generation) bool {
 	return a.system == b.system && a.timeline > b.timeline
+}
+
+// markLost records a commit or read whose position is unknown.
+func (s *Session) markLost() { s.lost.Add(1) }
+
+// pending returns the lost count to pass to cover once a capture sent after
+// this call has returned, and whether any loss is still uncovered.
+func (s *Session) pending() (uint64, bool) {
+	l := s.lost.Load()
+	return l, l > s.covered.Load()
+}
+
+// cover records that a capture sent when lost was at seen has been applied
+// to the watermark.
+func (s *Session) cover(seen uint64) {
+	for {
+		cur := s.covered.Load()
+		if seen <= cur || s.covered.CompareAndSwap(cur, seen) {
+			return
+		}
+	}
+}
+
+// advanceAt raises the position to l of generation g. A position of
+// another generation replaces it: the new history is where the session's
+// writes are now (a write lost with the old primary is gone); but one of an
+// earlier timeline of the same system (an answer from a writer since
+// replaced) changes nothing.
+func (s *Session) advanceAt(g generation, l lsn.LSN) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.gen == g || g == (generation{}) || s.gen == (generation{}):
+		if g != (generation{}) {
+			s.gen = g
+		}
+		s.wm.Advance(l)
+	case g.system == s.gen.system && g.timeline < s.gen.timeline:
+	default:
+		s.gen = g
+		s.wm.Set(l) // readers load wm without the lock: never show them zero
+	}
+}
+
+// rebase sets the position to l of generation g, even lower: a token's
+// position from another history, or beyond anything the primary has.
+func (s *Session) rebase(g generation, l lsn.LSN) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gen = g
+	s.wm.Set(l) // readers load wm without the lock: never show them zero
+}
+
+// position returns the generation and position.
+func (s *Session) position() (generation, lsn.LSN) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen, s.wm.Load()
 }

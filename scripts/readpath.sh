@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 for n in 1 2; do
-	PGRYW_STEADY_READS=$n go test -count=1 -covermode=count -coverpkg=github.com/pgryw/pgryw \
+	PGRYW_STEADY_READS=$n ${GO:-go} test -count=1 -covermode=count -coverpkg=github.com/pgryw/pgryw \
 		-coverprofile="$dir/$n.out" -run '^TestSteadyRead$' . >/dev/null
 done
-PGRYW_READPATH_PROFILES="$dir/1.out,$dir/2.out" go test -count=1 -v -run '^TestReadPathFiles$' . |
+PGRYW_READPATH_PROFILES="$dir/1.out,$dir/2.out" ${GO:-go} test -count=1 -v -run '^TestReadPathFiles$' . |
 	grep -E 'readpath_test|^(--- |ok|FAIL)'
