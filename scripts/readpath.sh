@@ -12,5 +12,7 @@ for n in 1 2; do
 	PGRYW_STEADY_READS=$n ${GO:-go} test -count=1 -covermode=count -coverpkg=github.com/pgryw/pgryw \
 		-coverprofile="$dir/$n.out" -run '^TestSteadyRead$' . >/dev/null
 done
-PGRYW_READPATH_PROFILES="$dir/1.out,$dir/2.out" ${GO:-go} test -count=1 -v -run '^TestReadPathFiles$' . |
-	grep -E 'readpath_test|^(--- |ok|FAIL)'
+rc=0
+PGRYW_READPATH_PROFILES="$dir/1.out,$dir/2.out" ${GO:-go} test -count=1 -v -run '^TestReadPathFiles$' . >"$dir/report" 2>&1 || rc=$?
+grep -E 'readpath_test|^(--- |ok|FAIL)' "$dir/report" || cat "$dir/report"
+exit $rc
