@@ -410,6 +410,25 @@ func flushes(s *pgfake.Server, all bool) []flush {
 	return fs
 }
 
+// poolConns counts s's connections that served the pool (a Bind came on
+// them), leaving out the monitor's, which opens whenever its first probe
+// runs.
+func poolConns(s *pgfake.Server) int {
+	n := 0
+	for _, c := range s.Conns() {
+	batches:
+		for _, b := range c.Batches() {
+			for _, m := range b.Msgs {
+				if _, ok := m.(*pgproto3.Bind); ok {
+					n++
+					break batches
+				}
+			}
+		}
+	}
+	return n
+}
+
 // with returns the flushes holding msg.
 func with(fs []flush, msg string) []flush {
 	var out []flush

@@ -47,7 +47,7 @@ func TestProtocolWaitForRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pc := newProtoCluster(t, "19devel", "wait_timeout=200ms "+tc.extra)
 			warmReplica(t, pc)
-			conns := len(pc.replica.Conns())
+			conns := poolConns(pc.replica)
 			pc.r.replays(protoBehind)
 			pc.r.mu.Lock()
 			pc.r.waitErr = tc.code
@@ -80,7 +80,7 @@ func TestProtocolWaitForRefused(t *testing.T) {
 			if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
 				t.Fatalf("next read: %q, %v", v, err)
 			}
-			opened := len(pc.replica.Conns()) - conns
+			opened := poolConns(pc.replica) - conns
 			if want := map[string]int{"55000": 1, "57014": 0}[tc.code]; opened != want {
 				t.Errorf("%d replica connections opened; want %d", opened, want)
 			}
