@@ -186,9 +186,9 @@ func (b *backend) query(ctx context.Context, query string, args []driver.NamedVa
 	return nil, driver.ErrSkip
 }
 
-// execVia is exec, through st where st was prepared on b (Stmt), else of
+// execVia is exec, through st where st was prepared on b (stmt), else of
 // query's text.
-func (b *backend) execVia(ctx context.Context, st *Stmt, query string, args []driver.NamedValue) (driver.Result, error) {
+func (b *backend) execVia(ctx context.Context, st *stmt, query string, args []driver.NamedValue) (driver.Result, error) {
 	ps := st.via(b)
 	if ps == nil {
 		return b.exec(ctx, query, args)
@@ -199,7 +199,7 @@ func (b *backend) execVia(ctx context.Context, st *Stmt, query string, args []dr
 }
 
 // queryVia is query, through st where st was prepared on b.
-func (b *backend) queryVia(ctx context.Context, st *Stmt, query string, args []driver.NamedValue) (driver.Rows, error) {
+func (b *backend) queryVia(ctx context.Context, st *stmt, query string, args []driver.NamedValue) (driver.Rows, error) {
 	ps := st.via(b)
 	if ps == nil {
 		return b.query(ctx, query, args)

@@ -103,14 +103,14 @@ func (cn *Conn) Prepare(query string) (driver.Stmt, error) {
 // NumInput counts its parameters: on the primary, where pgx would prepare
 // it, and inside a read-only transaction on a replica there too (where it
 // runs, and where a failure aborts the transaction as pgx's would). Which
-// node runs it is still decided at each execution (see Stmt).
+// node runs it is still decided at each execution (see stmt).
 func (cn *Conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
 	if cn.pending != nil {
 		if err := cn.settlePending(ctx, false); err != nil {
 			return nil, err
 		}
 	}
-	st := &Stmt{cn: cn, query: query}
+	st := &stmt{cn: cn, query: query}
 	if t := cn.tx; t != nil && t.onReplica {
 		// pgx keeps one server-side statement per connection and text:
 		// if the primary connection has this one, pgx would answer from
@@ -233,7 +233,7 @@ func (cn *Conn) ExecContext(ctx context.Context, query string, args []driver.Nam
 
 // exec is ExecContext, of a prepared statement's text when st is not nil:
 // where st was prepared, it runs through it.
-func (cn *Conn) exec(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Result, error) {
+func (cn *Conn) exec(ctx context.Context, query string, args []driver.NamedValue, st *stmt) (driver.Result, error) {
 	if cn.pending != nil {
 		if err := cn.settlePending(ctx, false); err != nil {
 			return nil, err
@@ -274,7 +274,7 @@ func (cn *Conn) QueryContext(ctx context.Context, query string, args []driver.Na
 
 // query is QueryContext, of a prepared statement's text when st is not
 // nil: where st was prepared, it runs through it.
-func (cn *Conn) query(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Rows, error) {
+func (cn *Conn) query(ctx context.Context, query string, args []driver.NamedValue, st *stmt) (driver.Rows, error) {
 	if cn.pending != nil {
 		if err := cn.settlePending(ctx, false); err != nil {
 			return nil, err

@@ -166,3 +166,7 @@ var errPositionLost = errors.New("pgryw: the session's position could not be rea
 // errUsePrimary tells callers that a read belongs on the primary after all; it
 // never reaches the application.
 var errUsePrimary = errors.New("pgryw: use the primary")
+
+// ErrNotPgryw is returned by ConnectorOf, StatsOf, NodeStatsOf and SetLogger
+// for a *sql.DB whose connections are not pgryw's.
+var ErrNotPgryw = errors.New("pgryw: the pool's driver is not pgryw")

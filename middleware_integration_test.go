@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/rywhttp"
 )
 
 // rowServers starts two HTTP servers, each with its own pool: POST /?id=N
@@ -112,9 +112,9 @@ const middlewareRounds = 50
 func TestIntegrationMiddlewareHeader(t *testing.T) {
 	table := newTable(t)
 	setDelay(t, 100*time.Millisecond)
-	var st pgryw.MiddlewareStats
+	var st rywhttp.Stats
 	a, b := rowServers(t, table, func(h http.Handler) http.Handler {
-		return pgryw.Middleware(h, pgryw.MiddlewareCounters(&st))
+		return rywhttp.Middleware(h, rywhttp.Counters(&st))
 	})
 	c := &http.Client{} // no jar: only the header carries the token
 	stale := roundTrips(t, middlewareRounds, func(id int) (int, int, error) {
@@ -122,15 +122,15 @@ func TestIntegrationMiddlewareHeader(t *testing.T) {
 		if err != nil {
 			return 0, 0, err
 		}
-		tok := p.Header.Get(pgryw.TokenHeader)
+		tok := p.Header.Get(rywhttp.TokenHeader)
 		if tok == "" {
-			return 0, 0, fmt.Errorf("POST %d: no %s header", id, pgryw.TokenHeader)
+			return 0, 0, fmt.Errorf("POST %d: no %s header", id, rywhttp.TokenHeader)
 		}
-		g, err := do(t, c, "GET", b.URL+"?id="+strconv.Itoa(id), http.Header{pgryw.TokenHeader: {tok}})
+		g, err := do(t, c, "GET", b.URL+"?id="+strconv.Itoa(id), http.Header{rywhttp.TokenHeader: {tok}})
 		if err != nil {
 			return 0, 0, err
 		}
-		if g.Header.Get(pgryw.TokenHeader) != "" {
+		if g.Header.Get(rywhttp.TokenHeader) != "" {
 			return 0, 0, fmt.Errorf("GET %d: a read sent a token back", id)
 		}
 		return p.StatusCode, g.StatusCode, nil
@@ -151,7 +151,7 @@ func TestIntegrationMiddlewareCookie(t *testing.T) {
 	setDelay(t, 100*time.Millisecond)
 	a, b := rowServers(t, table, func(h http.Handler) http.Handler {
 		// httptest serves plain HTTP: a Secure cookie would not come back.
-		return pgryw.Middleware(h, pgryw.MiddlewareHeader(false), pgryw.MiddlewareCookieSecure(false))
+		return rywhttp.Middleware(h, rywhttp.Header(false), rywhttp.CookieSecure(false))
 	})
 	stale := roundTrips(t, middlewareRounds, func(id int) (int, int, error) {
 		jar, _ := cookiejar.New(nil)
@@ -160,8 +160,8 @@ func TestIntegrationMiddlewareCookie(t *testing.T) {
 		if err != nil {
 			return 0, 0, err
 		}
-		if p.Header.Get(pgryw.TokenHeader) != "" || len(p.Cookies()) != 1 {
-			return 0, 0, fmt.Errorf("POST %d: header %q, cookies %v", id, p.Header.Get(pgryw.TokenHeader), p.Cookies())
+		if p.Header.Get(rywhttp.TokenHeader) != "" || len(p.Cookies()) != 1 {
+			return 0, 0, fmt.Errorf("POST %d: header %q, cookies %v", id, p.Header.Get(rywhttp.TokenHeader), p.Cookies())
 		}
 		g, err := do(t, c, "GET", b.URL+"?id="+strconv.Itoa(id), nil)
 		if err != nil {
@@ -179,11 +179,11 @@ func TestIntegrationMiddlewareCookie(t *testing.T) {
 func TestIntegrationMiddlewareStoreDevices(t *testing.T) {
 	table := newTable(t)
 	setDelay(t, 100*time.Millisecond)
-	store := pgryw.NewMemoryTokenStore() // shared by both servers, as Redis would be
+	store := rywhttp.NewMemoryTokenStore() // shared by both servers, as Redis would be
 	user := func(r *http.Request) string { return r.Header.Get("X-User") }
-	var st pgryw.MiddlewareStats
+	var st rywhttp.Stats
 	a, b := rowServers(t, table, func(h http.Handler) http.Handler {
-		return pgryw.Middleware(h, pgryw.MiddlewareStore(store, user), pgryw.MiddlewareNoCookie(), pgryw.MiddlewareCounters(&st))
+		return rywhttp.Middleware(h, rywhttp.Store(store, user), rywhttp.NoCookie(), rywhttp.Counters(&st))
 	})
 	phone, laptop := &http.Client{}, &http.Client{}
 	stale := roundTrips(t, middlewareRounds, func(id int) (int, int, error) {

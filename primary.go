@@ -124,7 +124,7 @@ func fastAnswer(inj *wire.Injection) bool {
 }
 
 // execPrimary runs ExecContext's statement on the primary.
-func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, p *plan, st *Stmt) (driver.Result, error) {
+func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, p *plan, st *stmt) (driver.Result, error) {
 	if err := cn.checkPrimary(ctx); err != nil {
 		return nil, err
 	}
@@ -145,7 +145,7 @@ func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.Nam
 }
 
 // queryPrimary runs QueryContext's statement on the primary.
-func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, p *plan, st *Stmt) (driver.Rows, error) {
+func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, p *plan, st *stmt) (driver.Rows, error) {
 	if err := cn.checkPrimary(ctx); err != nil {
 		return nil, err
 	}

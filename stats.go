@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"sync/atomic"
 	"time"
 )
@@ -308,9 +307,6 @@ func (c *Connector) Stats() Stats {
 	return st
 }
 
-// errNotPgryw: a *sql.DB whose connections are not pgryw's.
-var errNotPgryw = errors.New("pgryw: the pool's driver is not pgryw")
-
 // connectorOf reaches the Connector behind a pool through one of its
 // connections.
 func connectorOf(db *sql.DB) (*Connector, error) {
@@ -332,7 +328,7 @@ func connectorOf(db *sql.DB) (*Connector, error) {
 		}
 		pc, ok := dc.(*Conn)
 		if !ok {
-			return errNotPgryw
+			return ErrNotPgryw
 		}
 		c = pc.c
 		return nil

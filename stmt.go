@@ -5,14 +5,14 @@ import (
 	"database/sql/driver"
 )
 
-// Stmt is a prepared statement: prepared on the server connection where
+// stmt is a prepared statement: prepared on the server connection where
 // Conn.PrepareContext made it, as pgx prepares it (pgx keeps one
 // server-side statement per connection and text): the primary, and inside
 // a read-only transaction on a replica that replica too. The node that
 // runs it is chosen at each execution, like any other statement: on a
 // connection that prepared it, it runs through the prepared statement;
 // elsewhere, as its text.
-type Stmt struct {
+type stmt struct {
 	cn    *Conn
 	query string
 	preps []prepared // the first one's answers NumInput
@@ -25,7 +25,7 @@ type prepared struct {
 }
 
 // via returns the statement prepared on b, if any.
-func (s *Stmt) via(b *backend) driver.Stmt {
+func (s *stmt) via(b *backend) driver.Stmt {
 	if s == nil {
 		return nil
 	}
@@ -39,7 +39,7 @@ func (s *Stmt) via(b *backend) driver.Stmt {
 
 // Close implements driver.Stmt: the server-side prepared statements are
 // released as pgx does, on the connections that still live.
-func (s *Stmt) Close() error {
+func (s *stmt) Close() error {
 	var first error
 	for _, p := range s.preps {
 		if !p.on.closed() {
@@ -52,30 +52,30 @@ func (s *Stmt) Close() error {
 }
 
 // NumInput implements driver.Stmt: the parameters the server described.
-func (s *Stmt) NumInput() int { return s.preps[0].ps.NumInput() }
+func (s *stmt) NumInput() int { return s.preps[0].ps.NumInput() }
 
 // Exec implements driver.Stmt.
-func (s *Stmt) Exec(args []driver.Value) (driver.Result, error) {
+func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
 	return s.cn.exec(context.Background(), s.query, named(args), s)
 }
 
 // Query implements driver.Stmt.
-func (s *Stmt) Query(args []driver.Value) (driver.Rows, error) {
+func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 	return s.cn.query(context.Background(), s.query, named(args), s)
 }
 
 // ExecContext implements driver.StmtExecContext.
-func (s *Stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	return s.cn.exec(ctx, s.query, args, s)
 }
 
 // QueryContext implements driver.StmtQueryContext.
-func (s *Stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	return s.cn.query(ctx, s.query, args, s)
 }
 
 // CheckNamedValue implements driver.NamedValueChecker, like Conn's.
-func (s *Stmt) CheckNamedValue(*driver.NamedValue) error { return nil }
+func (s *stmt) CheckNamedValue(*driver.NamedValue) error { return nil }
 
 func named(args []driver.Value) []driver.NamedValue {
 	nv := make([]driver.NamedValue, len(args))
@@ -88,9 +88,9 @@ func named(args []driver.Value) []driver.NamedValue {
 // The column type methods pass through to the backend's rows when it has them.
 
 var (
-	_ driver.Stmt             = (*Stmt)(nil)
-	_ driver.StmtExecContext  = (*Stmt)(nil)
-	_ driver.StmtQueryContext = (*Stmt)(nil)
+	_ driver.Stmt             = (*stmt)(nil)
+	_ driver.StmtExecContext  = (*stmt)(nil)
+	_ driver.StmtQueryContext = (*stmt)(nil)
 	_ driver.Tx               = (*tx)(nil)
 	_ driver.Rows             = (*afterRows)(nil)
 )

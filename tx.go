@@ -225,7 +225,7 @@ func (t *tx) place(ctx context.Context, query string) (sqlclass.Result, error) {
 	return cls, nil
 }
 
-func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Result, error) {
+func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue, st *stmt) (driver.Result, error) {
 	cls, err := t.place(ctx, query)
 	if err != nil {
 		return nil, err
@@ -242,7 +242,7 @@ func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue, s
 	return res, err
 }
 
-func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue, st *Stmt) (driver.Rows, error) {
+func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue, st *stmt) (driver.Rows, error) {
 	cls, err := t.place(ctx, query)
 	if err != nil {
 		return nil, err

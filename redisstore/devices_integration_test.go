@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgryw/pgryw"
 	"github.com/pgryw/pgryw/internal/pgtest"
+	"github.com/pgryw/pgryw/rywhttp"
 )
 
 // Two devices of one user, each talking to its own application instance
@@ -54,7 +54,7 @@ func TestIntegrationDevicesThroughRedis(t *testing.T) {
 	}
 	user := func(r *http.Request) string { return r.Header.Get("X-User") }
 	mw := func(h http.Handler) http.Handler {
-		return pgryw.Middleware(h, pgryw.MiddlewareStore(store, user), pgryw.MiddlewareNoCookie(), pgryw.MiddlewareHeader(false))
+		return rywhttp.Middleware(h, rywhttp.Store(store, user), rywhttp.NoCookie(), rywhttp.Header(false))
 	}
 	post := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, _ := strconv.Atoi(r.URL.Query().Get("id"))

@@ -1,4 +1,4 @@
-package pgryw
+package rywhttp
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgryw/pgryw"
+
 	"github.com/pgryw/pgryw/internal/lsn"
 	"github.com/pgryw/pgryw/internal/token"
 )
@@ -21,10 +23,18 @@ func tok(n uint64) string {
 	return token.Token{SystemID: 1, Timeline: 1, LSN: lsn.LSN(n)}.String()
 }
 
-// write stands for a handler's committed write at position n.
+// write stands for a handler's committed write at position n: the
+// request's Session takes in a token of it (signed with testKey, which a
+// Session with no keys, or with testKey, accepts).
 func write(r *http.Request, n uint64) {
-	SessionFrom(r.Context()).advanceAt(generation{system: 1, timeline: 1}, lsn.LSN(n))
+	t := token.Token{SystemID: 1, Timeline: 1, LSN: lsn.LSN(n)}
+	if err := pgryw.SessionFrom(r.Context()).Observe(token.Sign(t, testKey)); err != nil {
+		panic(err)
+	}
 }
+
+// testKey signs write's tokens; tests of signed tokens use it.
+var testKey = []byte("0123456789abcdef0123456789abcdef")
 
 // spyWriter records the response headers as they were when the first byte
 // went out: the first WriteHeader of a final status, Write or Flush.
@@ -60,7 +70,7 @@ func (s *spyWriter) Flush() {
 
 // serve runs h through Middleware with opts on req and returns the spy;
 // a handler that returns without writing gets the headers as they are then.
-func serve(h http.HandlerFunc, req *http.Request, opts ...MiddlewareOption) *spyWriter {
+func serve(h http.HandlerFunc, req *http.Request, opts ...Option) *spyWriter {
 	s := newSpy()
 	Middleware(h, opts...).ServeHTTP(s, req)
 	s.snap(200)
@@ -80,7 +90,7 @@ func get(header string, cookies ...*http.Cookie) *http.Request {
 
 func seen(t *testing.T, want string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if got := SessionFrom(r.Context()).Token(); got != want {
+		if got := pgryw.SessionFrom(r.Context()).Token(); got != want {
 			t.Errorf("handler's session: %q, want %q", got, want)
 		}
 	}
@@ -91,7 +101,7 @@ func TestMiddlewareReadsHeaderAndCookie(t *testing.T) {
 		name   string
 		header string
 		cookie string
-		opts   []MiddlewareOption
+		opts   []Option
 		want   string
 	}{
 		{"none", "", "", nil, ""},
@@ -99,16 +109,16 @@ func TestMiddlewareReadsHeaderAndCookie(t *testing.T) {
 		{"cookie", "", tok(20), nil, tok(20)},
 		{"both, cookie later", tok(10), tok(20), nil, tok(20)},
 		{"both, header later", tok(30), tok(20), nil, tok(30)},
-		{"header off", tok(30), tok(20), []MiddlewareOption{MiddlewareHeader(false)}, tok(20)},
-		{"cookie off", tok(10), tok(20), []MiddlewareOption{MiddlewareNoCookie()}, tok(10)},
+		{"header off", tok(30), tok(20), []Option{Header(false)}, tok(20)},
+		{"cookie off", tok(10), tok(20), []Option{NoCookie()}, tok(10)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var cookies []*http.Cookie
 			if c.cookie != "" {
 				cookies = append(cookies, &http.Cookie{Name: DefaultTokenCookie, Value: c.cookie})
 			}
-			var st MiddlewareStats
-			s := serve(seen(t, c.want), get(c.header, cookies...), append(c.opts, MiddlewareCounters(&st))...)
+			var st Stats
+			s := serve(seen(t, c.want), get(c.header, cookies...), append(c.opts, Counters(&st))...)
 			if s.sent.Get(TokenHeader) != "" || s.sent.Get("Set-Cookie") != "" {
 				t.Errorf("a request that wrote nothing got a token: %v", s.sent)
 			}
@@ -119,7 +129,7 @@ func TestMiddlewareReadsHeaderAndCookie(t *testing.T) {
 	}
 	// Another cookie name: the default one is not read.
 	r := get("", &http.Cookie{Name: DefaultTokenCookie, Value: tok(5)}, &http.Cookie{Name: "ryw", Value: tok(7)})
-	serve(seen(t, tok(7)), r, MiddlewareCookieName("ryw"))
+	serve(seen(t, tok(7)), r, CookieName("ryw"))
 }
 
 func TestMiddlewareBadTokensIgnored(t *testing.T) {
@@ -128,11 +138,11 @@ func TestMiddlewareBadTokensIgnored(t *testing.T) {
 	tampered := []byte(good)
 	tampered[len(tampered)-5] ^= 1
 	forged := token.Sign(token.Token{SystemID: 1, Timeline: 1, LSN: 1 << 40}, []byte("someone else's key"))
-	var st MiddlewareStats
+	var st Stats
 	r := get("not a token", &http.Cookie{Name: DefaultTokenCookie, Value: string(tampered)})
 	r.Header.Add(TokenHeader, forged)
 	r.Header.Add(TokenHeader, tok(99)) // unsigned: refused with keys
-	s := serve(seen(t, ""), r, MiddlewareKeys(key), MiddlewareCounters(&st))
+	s := serve(seen(t, ""), r, Keys(key), Counters(&st))
 	if s.code != 200 {
 		t.Fatalf("status %d", s.code)
 	}
@@ -141,13 +151,13 @@ func TestMiddlewareBadTokensIgnored(t *testing.T) {
 	}
 	// The good one among bad ones is taken.
 	r = get("garbage", &http.Cookie{Name: DefaultTokenCookie, Value: good})
-	serve(seen(t, good), r, MiddlewareKeys(key), MiddlewareCounters(&st))
+	serve(seen(t, good), r, Keys(key), Counters(&st))
 	if st.TokensRejected.Load() != 5 || st.TokensObserved.Load() != 1 {
 		t.Fatalf("rejected %d, observed %d", st.TokensRejected.Load(), st.TokensObserved.Load())
 	}
 	// Without keys a malformed token is still rejected.
-	var st2 MiddlewareStats
-	serve(seen(t, ""), get("1.1.1.ZZ"), MiddlewareCounters(&st2))
+	var st2 Stats
+	serve(seen(t, ""), get("1.1.1.ZZ"), Counters(&st2))
 	if st2.TokensRejected.Load() != 1 {
 		t.Fatalf("malformed without keys: rejected %d", st2.TokensRejected.Load())
 	}
@@ -170,12 +180,12 @@ func TestMiddlewareHeadersBeforeFirstByte(t *testing.T) {
 	}
 	for name, start := range starts {
 		t.Run(name, func(t *testing.T) {
-			var st MiddlewareStats
+			var st Stats
 			s := serve(func(w http.ResponseWriter, r *http.Request) {
 				write(r, 42)
 				start(w)
 				w.Header().Set("X-After", "1") // too late, as for any header
-			}, get(tok(10)), MiddlewareCounters(&st))
+			}, get(tok(10)), Counters(&st))
 			if got := s.sent.Get(TokenHeader); got != tok(42) {
 				t.Errorf("%s header at the first byte: %q, want %q", TokenHeader, got, tok(42))
 			}
@@ -197,9 +207,9 @@ func TestMiddlewareHeadersBeforeFirstByte(t *testing.T) {
 
 func TestMiddlewareCookieOptions(t *testing.T) {
 	s := serve(func(w http.ResponseWriter, r *http.Request) { write(r, 7) }, get(""),
-		MiddlewareCookieName("ryw"), MiddlewareCookieSecure(false), MiddlewareCookieHTTPOnly(false),
-		MiddlewareCookieSameSite(http.SameSiteStrictMode), MiddlewareCookiePath("/app"),
-		MiddlewareCookieDomain("example.com"), MiddlewareMaxAge(5*time.Second), MiddlewareHeader(false))
+		CookieName("ryw"), CookieSecure(false), CookieHTTPOnly(false),
+		CookieSameSite(http.SameSiteStrictMode), CookiePath("/app"),
+		CookieDomain("example.com"), MaxAge(5*time.Second), Header(false))
 	if s.sent.Get(TokenHeader) != "" {
 		t.Errorf("header off, yet sent: %v", s.sent)
 	}
@@ -207,38 +217,38 @@ func TestMiddlewareCookieOptions(t *testing.T) {
 	if got := s.sent.Get("Set-Cookie"); got != want {
 		t.Errorf("Set-Cookie %q\nwant       %q", got, want)
 	}
-	s = serve(func(w http.ResponseWriter, r *http.Request) { write(r, 7) }, get(""), MiddlewareNoCookie())
+	s = serve(func(w http.ResponseWriter, r *http.Request) { write(r, 7) }, get(""), NoCookie())
 	if s.sent.Get("Set-Cookie") != "" || s.sent.Get(TokenHeader) != tok(7) {
 		t.Errorf("no cookie: %v", s.sent)
 	}
 }
 
 func TestMiddlewareSignedTokens(t *testing.T) {
-	key := []byte("0123456789abcdef0123456789abcdef")
-	s := serve(func(w http.ResponseWriter, r *http.Request) { write(r, 7) }, get(""), MiddlewareKeys(key))
+	key := testKey
+	s := serve(func(w http.ResponseWriter, r *http.Request) { write(r, 7) }, get(""), Keys(key))
 	sent := s.sent.Get(TokenHeader)
 	got, err := token.Parse(sent, [][]byte{key})
 	if err != nil || got.LSN != 7 {
 		t.Fatalf("sent %q: %+v, %v", sent, got, err)
 	}
 	// A key rotation: the old key still verifies.
-	serve(seen(t, token.Sign(got, []byte("new key"))), get(sent), MiddlewareKeys([]byte("new key"), key))
+	serve(seen(t, token.Sign(got, []byte("new key"))), get(sent), Keys([]byte("new key"), key))
 }
 
 // Writes after the first byte: their token cannot be in the headers. It goes
 // out as a trailer (where the response can carry one) and to the store, and
 // the handler can put it in the body: the escape hatch.
 func TestMiddlewareWriteAfterBody(t *testing.T) {
-	var st MiddlewareStats
+	var st Stats
 	store := NewMemoryTokenStore()
 	rec := httptest.NewRecorder()
 	h := func(w http.ResponseWriter, r *http.Request) {
 		write(r, 10)
 		io.WriteString(w, "streaming...\n")
 		write(r, 20) // committed after the first byte
-		fmt.Fprintf(w, "token %s\n", SessionFrom(r.Context()).Token())
+		fmt.Fprintf(w, "token %s\n", pgryw.SessionFrom(r.Context()).Token())
 	}
-	mw := Middleware(http.HandlerFunc(h), MiddlewareCounters(&st), MiddlewareStore(store, func(*http.Request) string { return "u" }))
+	mw := Middleware(http.HandlerFunc(h), Counters(&st), Store(store, func(*http.Request) string { return "u" }))
 	mw.ServeHTTP(rec, get(""))
 	res := rec.Result()
 	if got := res.Header.Get(TokenHeader); got != tok(10) {
@@ -267,13 +277,13 @@ func TestMiddlewareWriteAfterBody(t *testing.T) {
 	serve(seen(t, tok(20)), get(fromBody))
 }
 
-// A request that wrote nothing (its Session kept the observed token) gets
+// A request that wrote nothing (its pgryw.Session kept the observed token) gets
 // no token back, and does not touch the store.
 func TestMiddlewareNoWriteNoToken(t *testing.T) {
 	st := &countingStore{TokenStore: NewMemoryTokenStore()}
-	var c MiddlewareStats
+	var c Stats
 	h := func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "read only") }
-	s := serve(h, get(tok(10)), MiddlewareStore(st, func(*http.Request) string { return "u" }), MiddlewareCounters(&c))
+	s := serve(h, get(tok(10)), Store(st, func(*http.Request) string { return "u" }), Counters(&c))
 	if len(s.sent.Values(TokenHeader)) != 0 || len(s.sent.Values("Set-Cookie")) != 0 {
 		t.Fatalf("headers: %v", s.sent)
 	}
@@ -299,7 +309,7 @@ func (c *countingStore) Advance(ctx context.Context, key, tok string, ttl time.D
 func TestMiddlewareStoreAcrossDevices(t *testing.T) {
 	store := NewMemoryTokenStore()
 	user := func(r *http.Request) string { return r.Header.Get("X-User") }
-	opts := []MiddlewareOption{MiddlewareStore(store, user), MiddlewareMaxAge(30 * time.Second)}
+	opts := []Option{Store(store, user), MaxAge(30 * time.Second)}
 	phone := get("")
 	phone.Header.Set("X-User", "ann")
 	serve(func(w http.ResponseWriter, r *http.Request) { write(r, 50) }, phone, opts...)
@@ -321,9 +331,9 @@ func (failingStore) Advance(context.Context, string, string, time.Duration) erro
 }
 
 func TestMiddlewareStoreErrorsCounted(t *testing.T) {
-	var st MiddlewareStats
+	var st Stats
 	s := serve(func(w http.ResponseWriter, r *http.Request) { write(r, 5) }, get(""),
-		MiddlewareStore(failingStore{}, func(*http.Request) string { return "u" }), MiddlewareCounters(&st))
+		Store(failingStore{}, func(*http.Request) string { return "u" }), Counters(&st))
 	if s.code != 200 || s.sent.Get(TokenHeader) != tok(5) {
 		t.Fatalf("code %d, headers %v", s.code, s.sent)
 	}
@@ -474,13 +484,13 @@ func TestMiddlewareConcurrent(t *testing.T) {
 		t.Fatalf("max lost: %q", s)
 	}
 
-	var st MiddlewareStats
+	var st Stats
 	store := NewMemoryTokenStore()
 	mw := Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := token.Parse(r.URL.Query().Get("n"), nil)
 		write(r, uint64(n.LSN))
 		io.WriteString(w, "ok")
-	}), MiddlewareCounters(&st), MiddlewareStore(store, func(r *http.Request) string { return "u" }))
+	}), Counters(&st), Store(store, func(r *http.Request) string { return "u" }))
 	const workers, each = 8, 100
 	for g := range workers {
 		wg.Add(1)

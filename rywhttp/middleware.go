@@ -1,4 +1,9 @@
-package pgryw
+// Package rywhttp carries pgryw's read-your-writes across HTTP requests: a
+// Middleware that gives each request a pgryw.Session from the tokens the
+// client sends (a header, a cookie, a TokenStore entry) and sends the
+// Session's new token back after the request's writes. It uses only pgryw's
+// public API; a program that does not import it does not carry it.
+package rywhttp
 
 import (
 	"bufio"
@@ -7,35 +12,37 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/pgryw/pgryw"
 )
 
-// TokenHeader is the HTTP header that carries a Session's token, in requests
+// TokenHeader is the HTTP header that carries a pgryw.Session's token, in requests
 // (the client's latest token) and in responses (the token after the
 // request's writes).
 const TokenHeader = "Pgryw-Token"
 
 // DefaultTokenCookie is the name of the cookie Middleware reads and sets
-// unless MiddlewareCookieName says otherwise.
+// unless CookieName says otherwise.
 const DefaultTokenCookie = "pgryw_token"
 
 // DefaultTokenMaxAge is how long Middleware's cookie and store entries live
-// unless MiddlewareMaxAge says otherwise.
+// unless MaxAge says otherwise.
 const DefaultTokenMaxAge = 60 * time.Second
 
 // Middleware gives each HTTP request read-your-writes across requests,
 // servers and (with a TokenStore) devices. For every request it:
 //
-//  1. makes a new Session (signed with MiddlewareKeys, if given) and merges
+//  1. makes a new pgryw.Session (signed with Keys, if given) and merges
 //     into it, with Observe, every token the request carries: the
 //     TokenHeader header, the cookie (DefaultTokenCookie) and, with
-//     MiddlewareStore, the token stored under the request's key. A
+//     Store, the token stored under the request's key. A
 //     malformed or badly signed token is ignored (and counted in
-//     MiddlewareStats.TokensRejected): the request runs as if it had not
+//     Stats.TokensRejected): the request runs as if it had not
 //     been sent;
-//  2. attaches the Session to the request's context (WithSession): the
+//  2. attaches the pgryw.Session to the request's context (pgryw.WithSession): the
 //     handler's statements run with r.Context() advance it, and its replica
 //     reads wait for it;
-//  3. if the handler's writes advanced the Session (its Token changed), puts
+//  3. if the handler's writes advanced the pgryw.Session (its Token changed), puts
 //     the new token in the TokenHeader response header and the cookie, and
 //     advances the store's key, at the last moment before the first byte of
 //     the response goes out: the first WriteHeader (1xx codes excepted),
@@ -52,18 +59,18 @@ const DefaultTokenMaxAge = 60 * time.Second
 // headers. At the handler's return the middleware still advances the store,
 // and, with the header on, sets the token as an HTTP trailer (TokenHeader),
 // which only a chunked HTTP/1.1 or an HTTP/2 response can carry; such
-// requests are counted in MiddlewareStats.LateTokens. A handler that
+// requests are counted in Stats.LateTokens. A handler that
 // streams its body before its last commit should put the token in the body
-// itself: SessionFrom(r.Context()).Token() after the commit, which the
+// itself: pgryw.SessionFrom(r.Context()).Token() after the commit, which the
 // client sends back in the TokenHeader header.
 //
 // The response writer given to the handler implements http.Flusher and
 // http.Hijacker, and Unwrap for http.ResponseController.
 //
-// Without MiddlewareKeys a client can send any position; the pool clamps a
+// Without Keys a client can send any position; the pool clamps a
 // position beyond the primary's (Stats.TokensClamped), so a forged token
 // cannot make reads wait, but use keys wherever clients are not trusted.
-func Middleware(next http.Handler, opts ...MiddlewareOption) http.Handler {
+func Middleware(next http.Handler, opts ...Option) http.Handler {
 	m := &middleware{
 		next:     next,
 		header:   true,
@@ -74,105 +81,105 @@ func Middleware(next http.Handler, opts ...MiddlewareOption) http.Handler {
 		httpOnly: true,
 		sameSite: http.SameSiteLaxMode,
 		maxAge:   DefaultTokenMaxAge,
-		stats:    &MiddlewareStats{},
+		stats:    &Stats{},
 	}
 	for _, o := range opts {
 		o(m)
 	}
 	if len(m.keys) > 0 {
-		// Copied once here, not for every request's Session.
-		m.session = []SessionOption{SessionKeys(m.keys...)}
+		// Copied once here, not for every request's pgryw.Session.
+		m.session = []pgryw.SessionOption{pgryw.SessionKeys(m.keys...)}
 	}
 	return m
 }
 
-// MiddlewareOption configures Middleware.
-type MiddlewareOption func(*middleware)
+// Option configures Middleware.
+type Option func(*middleware)
 
-// MiddlewareCookieName sets the name of the token cookie (default
+// CookieName sets the name of the token cookie (default
 // DefaultTokenCookie).
-func MiddlewareCookieName(name string) MiddlewareOption {
+func CookieName(name string) Option {
 	return func(m *middleware) { m.name = name }
 }
 
-// MiddlewareNoCookie makes Middleware neither read nor set a cookie: tokens
+// NoCookie makes Middleware neither read nor set a cookie: tokens
 // travel in the TokenHeader header (and the store) only.
-func MiddlewareNoCookie() MiddlewareOption {
+func NoCookie() Option {
 	return func(m *middleware) { m.cookie = false }
 }
 
-// MiddlewareHeader turns the TokenHeader request and response header on
+// Header turns the TokenHeader request and response header on
 // (the default) or off; off, tokens travel in the cookie (and the store)
 // only.
-func MiddlewareHeader(on bool) MiddlewareOption {
+func Header(on bool) Option {
 	return func(m *middleware) { m.header = on }
 }
 
-// MiddlewareCookieSecure sets the cookie's Secure attribute (default true:
+// CookieSecure sets the cookie's Secure attribute (default true:
 // sent over HTTPS only). Turn it off only for plain-HTTP development and
 // tests.
-func MiddlewareCookieSecure(secure bool) MiddlewareOption {
+func CookieSecure(secure bool) Option {
 	return func(m *middleware) { m.secure = secure }
 }
 
-// MiddlewareCookieHTTPOnly sets the cookie's HttpOnly attribute (default
+// CookieHTTPOnly sets the cookie's HttpOnly attribute (default
 // true: scripts cannot read it).
-func MiddlewareCookieHTTPOnly(httpOnly bool) MiddlewareOption {
+func CookieHTTPOnly(httpOnly bool) Option {
 	return func(m *middleware) { m.httpOnly = httpOnly }
 }
 
-// MiddlewareCookieSameSite sets the cookie's SameSite attribute (default
+// CookieSameSite sets the cookie's SameSite attribute (default
 // http.SameSiteLaxMode).
-func MiddlewareCookieSameSite(s http.SameSite) MiddlewareOption {
+func CookieSameSite(s http.SameSite) Option {
 	return func(m *middleware) { m.sameSite = s }
 }
 
-// MiddlewareCookiePath sets the cookie's Path attribute (default "/").
-func MiddlewareCookiePath(path string) MiddlewareOption {
+// CookiePath sets the cookie's Path attribute (default "/").
+func CookiePath(path string) Option {
 	return func(m *middleware) { m.path = path }
 }
 
-// MiddlewareCookieDomain sets the cookie's Domain attribute (default none:
+// CookieDomain sets the cookie's Domain attribute (default none:
 // the cookie goes back to the host that set it only).
-func MiddlewareCookieDomain(domain string) MiddlewareOption {
+func CookieDomain(domain string) Option {
 	return func(m *middleware) { m.domain = domain }
 }
 
-// MiddlewareMaxAge sets how long a token is kept: the cookie's Max-Age and
+// MaxAge sets how long a token is kept: the cookie's Max-Age and
 // the store's TTL (default DefaultTokenMaxAge, 60 s; d below one second
 // means one second). A token matters only until the replicas have replayed
 // its position: after that every replica read sees the write anyway, and an
 // expired token is harmless. Keep d well above the replicas' worst lag (plus
 // wait_timeout): a token dropped while the replicas are still behind it
 // lets a read miss the write.
-func MiddlewareMaxAge(d time.Duration) MiddlewareOption {
+func MaxAge(d time.Duration) Option {
 	return func(m *middleware) { m.maxAge = max(d, time.Second) }
 }
 
-// MiddlewareKeys passes SessionKeys to the Sessions the middleware makes:
+// Keys passes pgryw.SessionKeys to the Sessions the middleware makes:
 // the tokens it sends are signed with the first key, and tokens it receives
 // (header, cookie, store) are accepted only when signed with one of them.
-func MiddlewareKeys(keys ...[]byte) MiddlewareOption {
+func Keys(keys ...[]byte) Option {
 	return func(m *middleware) { m.keys = append(m.keys, keys...) }
 }
 
-// MiddlewareStore shares tokens between the clients of one principal (a
+// Store shares tokens between the clients of one principal (a
 // user's phone and laptop) through store: for a request whose key(r) is not
 // empty (for example the authenticated user's id), the middleware observes
 // the token stored under the key before the handler runs, and advances the
 // key with the new token when the handler wrote (before the first byte of
 // the response, and again at the handler's return for writes after it).
 // A store error never fails the request; it is counted in
-// MiddlewareStats.StoreErrors. Store calls use the request's context (the
+// Stats.StoreErrors. Store calls use the request's context (the
 // last one, after the handler returns, the request's context without its
 // cancellation): bound their time inside the store.
-func MiddlewareStore(store TokenStore, key func(*http.Request) string) MiddlewareOption {
+func Store(store TokenStore, key func(*http.Request) string) Option {
 	return func(m *middleware) { m.store, m.key = store, key }
 }
 
-// MiddlewareCounters makes Middleware count into s, which the caller reads
+// Counters makes Middleware count into s, which the caller reads
 // at any time (its fields are atomic).
-func MiddlewareCounters(s *MiddlewareStats) MiddlewareOption {
+func Counters(s *Stats) Option {
 	return func(m *middleware) {
 		if s != nil {
 			m.stats = s
@@ -180,9 +187,9 @@ func MiddlewareCounters(s *MiddlewareStats) MiddlewareOption {
 	}
 }
 
-// MiddlewareStats counts what Middleware did; see MiddlewareCounters. Do
-// not copy a MiddlewareStats in use.
-type MiddlewareStats struct {
+// Stats counts what Middleware did; see Counters. Do
+// not copy a Stats in use.
+type Stats struct {
 	// TokensObserved counts tokens accepted from request headers, cookies
 	// and the store.
 	TokensObserved atomic.Int64
@@ -191,7 +198,7 @@ type MiddlewareStats struct {
 	TokensRejected atomic.Int64
 	// TokensSent counts responses whose headers carried a new token.
 	TokensSent atomic.Int64
-	// LateTokens counts requests whose Session advanced after the first
+	// LateTokens counts requests whose pgryw.Session advanced after the first
 	// byte of the response: that token was not in the headers.
 	LateTokens atomic.Int64
 	// StoreErrors counts failed TokenStore calls.
@@ -210,13 +217,13 @@ type middleware struct {
 	sameSite http.SameSite
 	maxAge   time.Duration
 	keys     [][]byte
-	session  []SessionOption // for each request's Session: its keys
+	session  []pgryw.SessionOption // for each request's pgryw.Session: its keys
 	store    TokenStore
 	key      func(*http.Request) string
-	stats    *MiddlewareStats
+	stats    *Stats
 }
 
-func (m *middleware) observe(s *Session, tok string) {
+func (m *middleware) observe(s *pgryw.Session, tok string) {
 	if tok == "" {
 		return
 	}
@@ -235,7 +242,7 @@ func (m *middleware) advance(ctx context.Context, key, tok string) {
 
 // ServeHTTP implements http.Handler.
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	s := NewSession(m.session...)
+	s := pgryw.NewSession(m.session...)
 	if m.header {
 		for _, v := range r.Header.Values(TokenHeader) {
 			m.observe(s, v)
@@ -260,7 +267,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.observe(s, tok)
 		}
 	}
-	r = r.WithContext(WithSession(r.Context(), s))
+	r = r.WithContext(pgryw.WithSession(r.Context(), s))
 	rw := &responseWriter{ResponseWriter: w, m: m, r: r, s: s, key: key}
 	rw.sent = s.Token()
 	defer func() {
@@ -290,7 +297,7 @@ type responseWriter struct {
 	http.ResponseWriter
 	m         *middleware
 	r         *http.Request
-	s         *Session
+	s         *pgryw.Session
 	key       string
 	sent      string // the token the client has: observed, or sent in the headers
 	committed bool

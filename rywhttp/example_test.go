@@ -1,4 +1,4 @@
-package pgryw_test
+package rywhttp_test
 
 import (
 	"database/sql"
@@ -7,7 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 
-	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/rywhttp"
 )
 
 func ExampleMiddleware() {
@@ -39,20 +39,20 @@ func ExampleMiddleware() {
 	})
 
 	key := []byte(os.Getenv("PGRYW_TOKEN_KEY")) // 32 random bytes, shared by all servers
-	var stats pgryw.MiddlewareStats
-	opts := []pgryw.MiddlewareOption{pgryw.MiddlewareCounters(&stats)}
+	var stats rywhttp.Stats
+	opts := []rywhttp.Option{rywhttp.Counters(&stats)}
 	if len(key) > 0 {
-		opts = append(opts, pgryw.MiddlewareKeys(key))
+		opts = append(opts, rywhttp.Keys(key))
 	}
 	// The same session across a user's devices, through a shared store.
-	opts = append(opts, pgryw.MiddlewareStore(pgryw.NewMemoryTokenStore(), func(r *http.Request) string {
+	opts = append(opts, rywhttp.Store(rywhttp.NewMemoryTokenStore(), func(r *http.Request) string {
 		return r.Header.Get("X-User-Id") // the authenticated user, "" for none
 	}))
-	handler := pgryw.Middleware(mux, opts...)
+	handler := rywhttp.Middleware(mux, opts...)
 
 	// A request that writes nothing gets no token back.
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, httptest.NewRequest("GET", "/nothing", nil))
-	fmt.Println(rec.Code, rec.Header().Get(pgryw.TokenHeader) == "")
+	fmt.Println(rec.Code, rec.Header().Get(rywhttp.TokenHeader) == "")
 	// Output: 404 true
 }

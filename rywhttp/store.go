@@ -1,4 +1,4 @@
-package pgryw
+package rywhttp
 
 import (
 	"context"
@@ -11,13 +11,13 @@ import (
 
 // TokenStore keeps the latest token of each key (a user, a tenant: whatever
 // principal's writes must be visible to all its clients), shared by every
-// server of an application. Middleware uses it through MiddlewareStore. An
+// server of an application. Middleware uses it through Store. An
 // implementation must be safe for concurrent use, by the goroutines of one
 // process and by every process sharing the store.
 type TokenStore interface {
 	// Load returns the token stored under key, or "" (and a nil error)
 	// when there is none or it has expired. It returns the stored text
-	// unchanged; the caller verifies it (Session.Observe).
+	// unchanged; the caller verifies it (pgryw.Session.Observe).
 	Load(ctx context.Context, key string) (string, error)
 
 	// Advance merges token into key's entry, atomically with respect to
