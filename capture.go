@@ -12,6 +12,27 @@ import (
 	"github.com/pgryw/pgryw/internal/wire"
 )
 
+// The capture statements, pgryw's own: none carries caller text.
+const (
+	// pg_current_wal_insert_lsn, not _flush_ or _lsn: read after the commit it
+	// is at or past the end of the commit record whatever synchronous_commit
+	// is; the flush position can trail an asynchronous commit.
+	//
+	// wal_block_size comes along for adjustInsertLSN, and the name of the
+	// WAL file, whose first eight hex digits are the writer's timeline: a
+	// new writer (a promoted standby) starts a new one, so every position
+	// says which history it belongs to (see sawPrimary).
+	//
+	// And the OID of pg_current_wal_insert_lsn (NULL where there is none by
+	// that name), which later captures call with a FunctionCall message
+	// (backend.injectCapture).
+	sqlCapture = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn()), to_regprocedure('pg_catalog.pg_current_wal_insert_lsn()')::oid"
+	// sqlCaptureLSN is sqlCapture's position alone, for a node where the
+	// fast-path call of the function was not yet seen to work, or failed
+	// (backend.injectCapture).
+	sqlCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
+)
+
 // Write capture and watermarks: what running a statement on the primary does
 // to the session's position.
 //
@@ -288,3 +309,15 @@ func (b *backend) captureUnanswered(inj *wire.Injection) {
 		b.node.fastPathOff()
 	}
 }
+
+// Names of pgryw's capture statements prepared on server connections.
+const (
+	stmtCapture = "pgryw_capture"
+	// stmtCaptureLSN is the capture once the connection knows the
+	// primary's block size and timeline, where the fast path is not taken
+	// (backend.injectCapture).
+	stmtCaptureLSN = "pgryw_lsn"
+	// stmtCaptureFast names no prepared statement: it marks a slot holding
+	// the fast-path call of pg_current_wal_insert_lsn.
+	stmtCaptureFast = "pgryw_fastpath"
+)

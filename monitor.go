@@ -8,6 +8,18 @@ import (
 	"time"
 )
 
+// sqlSystem is pgryw's own statement for the node's system identifier.
+const (
+	// sqlSystem is the node's system identifier, where the role may read
+	// it (NULL where not: nothing is compared then). The monitor sends it
+	// behind its probe of each replica, and once to the primary: a standby
+	// of another cluster (a blue/green migration's, an old major
+	// version's) has positions of another history, which say nothing of
+	// this one.
+	sqlSystem = "SELECT CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')" +
+		" THEN (SELECT s.system_identifier::text FROM pg_catalog.pg_control_system() s) END"
+)
+
 // The monitor watches every replica in the background, one goroutine per
 // node. With read_your_writes on it polls each replica's replay position,
 // so that reads find replicas already known to be caught up (and skip their

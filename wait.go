@@ -14,22 +14,9 @@ import (
 	"github.com/pgryw/pgryw/internal/lsn"
 )
 
-// Statements pgryw sends on its own behalf. None carries caller text: LSNs and
-// timeouts are formatted from parsed numbers.
+// The check statements, pgryw's own: none carries caller text (LSNs and
+// timeouts are formatted from parsed numbers).
 const (
-	// pg_current_wal_insert_lsn, not _flush_ or _lsn: read after the commit it
-	// is at or past the end of the commit record whatever synchronous_commit
-	// is; the flush position can trail an asynchronous commit.
-	//
-	// wal_block_size comes along for adjustInsertLSN, and the name of the
-	// WAL file, whose first eight hex digits are the writer's timeline: a
-	// new writer (a promoted standby) starts a new one, so every position
-	// says which history it belongs to (see sawPrimary).
-	//
-	// And the OID of pg_current_wal_insert_lsn (NULL where there is none by
-	// that name), which later captures call with a FunctionCall message
-	// (backend.injectCapture).
-	sqlCapture = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn()), to_regprocedure('pg_catalog.pg_current_wal_insert_lsn()')::oid"
 	// pg_is_in_recovery in the same query: a promoted standby keeps reporting
 	// its last replay position, so the position alone cannot tell promotion
 	// from lag.
@@ -39,21 +26,12 @@ const (
 	// whether a promotion is pending in one row, read at once. It has no
 	// row when the node is not in recovery, nor for a role without
 	// pg_read_all_stats: then the functions answer (position only).
-	// sqlSystem is the node's system identifier, where the role may read
-	// it (NULL where not: nothing is compared then). The monitor sends it
-	// behind its probe of each replica, and once to the primary: a standby
-	// of another cluster (a blue/green migration's, an old major
-	// version's) has positions of another history, which say nothing of
-	// this one.
-	sqlSystem = "SELECT CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')" +
-		" THEN (SELECT s.system_identifier::text FROM pg_catalog.pg_control_system() s) END"
 	sqlRecovery = "SELECT pg_catalog.pg_is_in_recovery(), COALESCE(r.last_replayed_end_lsn, pg_catalog.pg_last_wal_replay_lsn())," +
 		" r.last_replayed_tli, r.promote_triggered FROM (SELECT) AS one LEFT JOIN pg_catalog.pg_stat_recovery AS r ON true"
-	// sqlCaptureLSN is sqlCapture's position alone, for a node where the
-	// fast-path call of the function was not yet seen to work, or failed
-	// (backend.injectCapture).
-	sqlCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
 )
+
+// stmtPoll names the replay poll prepared on replica connections.
+const stmtPoll = "pgryw_poll"
 
 // waitForSQL builds the PostgreSQL 19 wait
 // (https://www.postgresql.org/docs/19/sql-wait.html). WAIT FOR is a utility
@@ -251,19 +229,6 @@ func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn
 	}
 	return waitBehind, nil
 }
-
-// Names of pgryw's prepared statements on server connections.
-const (
-	stmtCapture = "pgryw_capture"
-	// stmtCaptureLSN is the capture once the connection knows the
-	// primary's block size and timeline, where the fast path is not taken
-	// (backend.injectCapture).
-	stmtCaptureLSN = "pgryw_lsn"
-	// stmtCaptureFast names no prepared statement: it marks a slot holding
-	// the fast-path call of pg_current_wal_insert_lsn.
-	stmtCaptureFast = "pgryw_fastpath"
-	stmtPoll        = "pgryw_poll"
-)
 
 // armCheck puts a replica's catch-up check in front of the read about to be
 // sent on b, by method (methodFor's, or WaitPoll for a check that must not
