@@ -233,7 +233,7 @@ func TestDownReplicaBackoff(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			logs := &captureLogs{}
+			logs := &pgtest.Logs{}
 			cfg.Logger = slog.New(logs)
 			c, err := newConnector(cfg)
 			if err != nil {
@@ -352,56 +352,21 @@ func TestDownReplicaBackoff(t *testing.T) {
 			// naming it and never the password.
 			addr := proxy.Addr()
 			var sawDown, sawBack bool
-			for _, r := range logs.all() {
-				if strings.Contains(r.text, "hunter2") {
-					t.Errorf("a log line holds the password: %s", r.text)
+			for _, l := range logs.Lines() {
+				if strings.Contains(l, "hunter2") {
+					t.Errorf("a log line holds the password: %s", l)
 				}
-				if !strings.Contains(r.text, addr) {
+				if !strings.Contains(l, addr) {
 					continue
 				}
-				sawDown = sawDown || r.level == slog.LevelWarn && strings.Contains(r.text, "node down")
-				sawBack = sawBack || r.level == slog.LevelInfo && strings.Contains(r.text, "node up")
+				sawDown = sawDown || strings.HasPrefix(l, "WARN ") && strings.Contains(l, "node down")
+				sawBack = sawBack || strings.HasPrefix(l, "INFO ") && strings.Contains(l, "node up")
 			}
 			if !sawDown || !sawBack {
-				t.Errorf("logged node down at Warn: %v, back at Info: %v; lines: %v", sawDown, sawBack, logs.all())
+				t.Errorf("logged node down at Warn: %v, back at Info: %v; lines: %v", sawDown, sawBack, logs.Lines())
 			}
 		})
 	}
-}
-
-// captureLogs is a slog.Handler that keeps every record as text.
-type captureLogs struct {
-	mu   sync.Mutex
-	recs []logRec
-}
-
-type logRec struct {
-	level slog.Level
-	text  string
-}
-
-func (h *captureLogs) Enabled(context.Context, slog.Level) bool { return true }
-
-func (h *captureLogs) Handle(_ context.Context, r slog.Record) error {
-	var b strings.Builder
-	b.WriteString(r.Message)
-	r.Attrs(func(a slog.Attr) bool {
-		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
-		return true
-	})
-	h.mu.Lock()
-	h.recs = append(h.recs, logRec{r.Level, b.String()})
-	h.mu.Unlock()
-	return nil
-}
-
-func (h *captureLogs) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *captureLogs) WithGroup(string) slog.Handler      { return h }
-
-func (h *captureLogs) all() []logRec {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]logRec(nil), h.recs...)
 }
 
 // BenchmarkIdlePeek is what Conn.checkPrimary adds before the first

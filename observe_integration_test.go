@@ -256,61 +256,28 @@ func TestIntegrationNodeStatsOnTimeout(t *testing.T) {
 	}
 }
 
-// lines is a slog.Handler that keeps its records' messages and node
-// attribute.
-type lines struct {
-	mu  sync.Mutex
-	got []string
-}
-
-func (h *lines) Enabled(context.Context, slog.Level) bool { return true }
-func (h *lines) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h *lines) WithGroup(string) slog.Handler            { return h }
-func (h *lines) Handle(_ context.Context, r slog.Record) error {
-	line := r.Level.String() + " " + r.Message
-	r.Attrs(func(a slog.Attr) bool {
-		line += " " + a.Key + "=" + a.Value.String()
-		return true
-	})
-	h.mu.Lock()
-	h.got = append(h.got, line)
-	h.mu.Unlock()
-	return nil
-}
-
-// waitFor waits up to 20 s for a line at or after index from that starts
-// with prefix and names node, and returns its index.
-func (h *lines) waitFor(t *testing.T, from int, prefix, node string) int {
+// waitLine waits up to 20 s for a line of h at or after index from that
+// starts with prefix and names node, and returns its index.
+func waitLine(t *testing.T, h *pgtest.Logs, from int, prefix, node string) int {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		h.mu.Lock()
-		for i := from; i < len(h.got); i++ {
-			if l := h.got[i]; strings.HasPrefix(l, prefix) && strings.Contains(l, "node="+node+" ") {
-				h.mu.Unlock()
-				return i
-			}
-		}
-		h.mu.Unlock()
-		time.Sleep(50 * time.Millisecond)
+	i, ok := h.WaitFor(from, prefix, "node="+node+" ", 20*time.Second)
+	if !ok {
+		t.Fatalf("no line %q for %s in %q", prefix, node, h.Lines()[from:])
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	t.Fatalf("no line %q for %s in %q", prefix, node, h.got[from:])
-	return 0
+	return i
 }
 
 // The monitor notices a replica going down and coming back, and says so at
 // Warn and Info.
 func TestIntegrationNodeStateLogged(t *testing.T) {
 	db, c := openDB(t, "")
-	var h lines
+	var h pgtest.Logs
 	c.SetLogger(slog.New(&h))
 	if err := db.Ping(); err != nil { // starts the monitor
 		t.Fatal(err)
 	}
 	addr := cluster.ReplicaAddrs()[1]
-	i := h.waitFor(t, 0, "INFO pgryw: node up", addr)
+	i := waitLine(t, &h, 0, "INFO pgryw: node up", addr)
 	if err := cluster.StopNode(1); err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +289,7 @@ func TestIntegrationNodeStateLogged(t *testing.T) {
 			}
 		}
 	}()
-	i = h.waitFor(t, i, "WARN pgryw: node down", addr)
+	i = waitLine(t, &h, i, "WARN pgryw: node down", addr)
 	if s := c.NodeStats()[2]; s.Addr != addr || s.Health != pgryw.HealthDown && s.Health != pgryw.HealthUp {
 		// Up only in the instant between a backoff's end and the next probe.
 		t.Errorf("stopped replica: %+v", s)
@@ -331,10 +298,8 @@ func TestIntegrationNodeStateLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped = false
-	h.waitFor(t, i, "INFO pgryw: node up", addr)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, l := range h.got {
+	waitLine(t, &h, i, "INFO pgryw: node up", addr)
+	for _, l := range h.Lines() {
 		if strings.Contains(l, "password") || strings.Contains(l, cluster.WriterDSN()) {
 			t.Errorf("log line %q", l)
 		}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgryw/pgryw/internal/pgtest"
 )
 
 // servedLog records ServedBy reports.
@@ -403,42 +404,12 @@ func TestServedByNoReplicas(t *testing.T) {
 
 var retryIn = regexp.MustCompile(`retry_in=(\S+)`)
 
-// records is a slog.Handler that keeps what it is given.
-type records struct {
-	mu   sync.Mutex
-	recs []string
-}
-
-func (h *records) Enabled(context.Context, slog.Level) bool { return true }
-func (h *records) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h *records) WithGroup(string) slog.Handler            { return h }
-func (h *records) Handle(_ context.Context, r slog.Record) error {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s", r.Level, r.Message)
-	r.Attrs(func(a slog.Attr) bool {
-		fmt.Fprintf(&b, " %s=%s", a.Key, a.Value)
-		return true
-	})
-	h.mu.Lock()
-	h.recs = append(h.recs, b.String())
-	h.mu.Unlock()
-	return nil
-}
-
-func (h *records) take() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	r := h.recs
-	h.recs = nil
-	return r
-}
-
 // TestLogLines asserts every line one scenario writes: node state changes
 // at Info and Warn, routing decisions at Debug, and nothing that names the
 // password, the statement or its argument.
 func TestLogLines(t *testing.T) {
 	mc := newMockCluster(t, 2, "")
-	var h records
+	var h pgtest.Logs
 	mc.c.SetLogger(slog.New(&h))
 	r0, r1 := mc.c.topo.replicas[0], mc.c.topo.replicas[1]
 	var r1Fails = true
@@ -465,7 +436,7 @@ func TestLogLines(t *testing.T) {
 		"INFO pgryw: node up node=primary.invalid:5432 role=primary",
 		"DEBUG pgryw: statement routed node=primary.invalid:5432 role=primary route=fallback fallback=replica promoted",
 	}
-	got := h.take()
+	got := h.Take()
 	// The backoff left is a little under the first probe backoff.
 	for i, line := range got {
 		if m := retryIn.FindStringSubmatch(line); m != nil {
@@ -495,7 +466,7 @@ func TestLogLines(t *testing.T) {
 		"DEBUG pgryw: statement routed node=replica1.invalid:5433 role=replica route=replica",
 		"DEBUG pgryw: statement routed node=primary.invalid:5432 role=primary route=write",
 	}
-	got2 := h.take()
+	got2 := h.Take()
 	if !slices.Equal(got2, want) {
 		t.Fatalf("lines\n got %q\nwant %q", got2, want)
 	}
