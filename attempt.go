@@ -201,7 +201,7 @@ func (cn *Conn) applyPoll(ctx context.Context, b *backend, inj *wire.Injection) 
 		if err := inj.Err(); err != nil {
 			b.injectionFailed(stmtPoll, err)
 			if isRefusal(err) {
-				b.node.markRefused()
+				b.node.record(eventRefused)
 			}
 		}
 		cn.markLost(ctx, false)
@@ -213,7 +213,7 @@ func (cn *Conn) applyPoll(ctx context.Context, b *backend, inj *wire.Injection) 
 		// Promoted while reading: the read may have seen writes of the new
 		// history; only a primary position bounds it.
 		if err == nil && !inRecovery {
-			b.node.notStandby.Store(true)
+			b.node.record(eventPromoted)
 		}
 		cn.markLost(ctx, false)
 		return

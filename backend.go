@@ -101,7 +101,7 @@ func newBackend(dc driver.Conn, n *node) *backend {
 		// Servers ≥ 14 report in_hot_standby; a replica entry that points at
 		// a primary is caught here for free.
 		if n.index >= 0 && b.pg.ParameterStatus("in_hot_standby") == "off" {
-			n.notStandby.Store(true)
+			n.record(eventPromoted)
 		}
 	}
 	return b

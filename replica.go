@@ -86,7 +86,7 @@ func (cn *Conn) nextReplica(ctx context.Context, wm lsn.LSN, tried *uint64, busy
 				cn.skip(n, FallbackForeign)
 				continue
 			}
-			n.markDown()
+			n.record(eventDown)
 			cn.skip(n, FallbackUnreachable)
 			continue
 		}

@@ -306,7 +306,7 @@ func (t *tx) retryOnPrimary(query string, nodeWide bool, err error) error {
 // node is left out of reads for a while.
 func (t *tx) moveToPrimary(nodeWide bool) error {
 	if nodeWide {
-		t.b.node.markRefused()
+		t.b.node.record(eventRefused)
 	}
 	t.cn.fellBackFrom(t.b.node, FallbackRefused)
 	if err := t.reopenOnPrimary(); err != nil {

@@ -111,7 +111,7 @@ func (c *Connector) waitForAnswer(b *backend, row []string, target lsn.LSN) (wai
 	case "timeout":
 		return waitTimeout, nil
 	case "not in recovery":
-		b.node.notStandby.Store(true)
+		b.node.record(eventPromoted)
 		return waitNotStandby, nil
 	}
 	return waitTimeout, fmt.Errorf("pgryw: WAIT FOR returned unknown status %q", clip(row[0]))
@@ -218,7 +218,7 @@ func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn
 	case err != nil:
 		return waitTimeout, err
 	case !inRecovery:
-		b.node.notStandby.Store(true)
+		b.node.record(eventPromoted)
 		return waitNotStandby, nil
 	case !known:
 		return waitBehind, nil
