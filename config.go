@@ -45,6 +45,9 @@ const (
 	// WaitPolar uses PolarDB's wait: SET polar_consistency_mode,
 	// polar_proxy_wait_timeout_ms and polar_xact_split_wait_lsn in front of
 	// the read, which then waits on the replica before taking its snapshot.
+	//
+	// Experimental: it follows PolarDB's published description and a
+	// stand-in server, and has not been run against a PolarDB replica.
 	WaitPolar
 )
 

@@ -273,9 +273,6 @@ func instanceOf(start, addr []byte) uint64 {
 	return h.Sum64() | 1
 }
 
-// errForeign: a replica connection reached a standby of another cluster.
-var errForeign = errors.New("pgryw: a standby of another cluster")
-
 // checkSystemOf compares the system identifier a new connection to n
 // reported (nil: the role may not read it) with the writer's. The writer's
 // own connections teach it; a replica connection that reached another

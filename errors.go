@@ -170,3 +170,9 @@ var errUsePrimary = errors.New("pgryw: use the primary")
 // ErrNotPgryw is returned by ConnectorOf, StatsOf, NodeStatsOf and SetLogger
 // for a *sql.DB whose connections are not pgryw's.
 var ErrNotPgryw = errors.New("pgryw: the pool's driver is not pgryw")
+
+// errForeign: a replica connection reached a standby of another cluster.
+var errForeign = errors.New("pgryw: a standby of another cluster")
+
+// errCheckLost: the connection failed before the check's answer arrived.
+var errCheckLost = errors.New("pgryw: replica connection failed during the catch-up check")

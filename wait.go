@@ -264,9 +264,6 @@ func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget t
 	return inj
 }
 
-// errCheckLost: the connection failed before the check's answer arrived.
-var errCheckLost = errors.New("pgryw: replica connection failed during the catch-up check")
-
 // checked reads the answer to armCheck's statement, armed by method.
 func (c *Connector) checked(b *backend, method WaitMethod, inj *wire.Injection, wm lsn.LSN) (waitResult, error) {
 	if !inj.Sent() {
