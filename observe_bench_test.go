@@ -28,6 +28,28 @@ func (nopRows) Columns() []string         { return nil }
 func (nopRows) Close() error              { return nil }
 func (nopRows) Next([]driver.Value) error { return io.EOF }
 
+// nopConnection is a Conn of a connector with read_your_writes=off and two
+// replicas whose server connections are nopConns, with no monitor or
+// catalog worker.
+func nopConnection(tb testing.TB) *Conn {
+	tb.Helper()
+	cfg, err := ParseDSN("host=w.invalid read_your_writes=off replicas=r1.invalid,r2.invalid")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c, err := newConnector(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c.mon.closed, c.noCatalog = true, true
+	c.dial = func(context.Context, *node) (driver.Conn, error) { return nopConn{}, nil }
+	dc, err := c.Connect(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return dc.(*Conn)
+}
+
 // BenchmarkStatementRouted runs a cached read (to a replica) and a cached
 // write (to the primary) through Conn.ExecContext with read_your_writes=off
 // against connections that answer at once: pgryw's per-statement cost
@@ -35,21 +57,8 @@ func (nopRows) Next([]driver.Value) error { return io.EOF }
 // statements; "no hook" must allocate no more than before the served-by
 // hook existed, and "hooks" no more than "no hook".
 func BenchmarkStatementRouted(b *testing.B) {
-	cfg, err := ParseDSN("host=w.invalid read_your_writes=off replicas=r1.invalid,r2.invalid")
-	if err != nil {
-		b.Fatal(err)
-	}
-	c, err := newConnector(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	c.mon.closed, c.noCatalog = true, true
-	c.dial = func(context.Context, *node) (driver.Conn, error) { return nopConn{}, nil }
-	dc, err := c.Connect(context.Background())
-	if err != nil {
-		b.Fatal(err)
-	}
-	cn := dc.(*Conn)
+	cn := nopConnection(b)
+	c := cn.c
 	read, write := benchStatements[0], benchStatements[3]
 	run := func(b *testing.B, ctx context.Context) {
 		for _, q := range []string{read, write} {
@@ -78,21 +87,8 @@ func BenchmarkStatementRouted(b *testing.B) {
 // the executor's state and the attempt stay on the stack. (A write by
 // Query allocates the wrapper that settles it when its rows are closed.)
 func TestStatementRoutedAllocs(t *testing.T) {
-	cfg, err := ParseDSN("host=w.invalid read_your_writes=off replicas=r1.invalid,r2.invalid")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := newConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.mon.closed, c.noCatalog = true, true
-	c.dial = func(context.Context, *node) (driver.Conn, error) { return nopConn{}, nil }
-	dc, err := c.Connect(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cn := dc.(*Conn)
+	cn := nopConnection(t)
+	c := cn.c
 	ctx := context.Background()
 	read, write := benchStatements[0], benchStatements[3]
 	run := func() {
