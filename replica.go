@@ -134,11 +134,7 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 	// the time the read's answer has, is compared with the poll's answer
 	// then (pipelined). Not with on_timeout=stale, whose choice of replica
 	// needs the whole watermark.
-	if cn.c.cfg.ReadYourWrites && cn.c.cfg.OnTimeout != OnTimeoutStale {
-		if cn.pending != nil {
-			r.spec = cn.inFlight()
-		}
-	}
+	r.spec = cn.speculate()
 	if r.wm, err = cn.watermarkBut(ctx, r.spec); err != nil {
 		return r.positionLost()
 	}
@@ -177,6 +173,16 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 			r.skip(b, o)
 		}
 	}
+}
+
+// speculate returns the connection's own capture still on its way, which a
+// poll in front of the read does not need; nil where there is none, or the
+// whole watermark is needed first (on_timeout=stale).
+func (cn *Conn) speculate() *pendingCapture {
+	if cn.pending == nil || !cn.c.cfg.ReadYourWrites || cn.c.cfg.OnTimeout == OnTimeoutStale {
+		return nil
+	}
+	return cn.inFlight()
 }
 
 // replicaRead is onReplica's state across its attempts.
