@@ -9,17 +9,20 @@
 //
 // The DSN is a pgx connection string for the primary plus pgryw's keys
 // (replicas, read_your_writes, wait_timeout, on_timeout, max_fallback,
-// on_max_fallback, max_waits, max_replica_lag, wait_method, session_scope,
-// read_functions, write_functions), which are removed before pgx sees the
-// rest. ParseDSN and NewConnector build the same from code.
+// on_max_fallback, max_waits, max_replica_lag, wait_method, pooler,
+// session_scope, write_functions, read_functions, reset_session), which are
+// removed before pgx sees the rest. ParseDSN and NewConnector build the same
+// from code.
 //
 // # Routing
 //
 // Each statement is classified by its SQL text (cached): provably read-only
 // statements go to a replica, everything else to the primary. Statements that
-// change session state (SET, PREPARE, LISTEN, temporary tables, advisory
-// locks, cursors) run on the primary and pin the connection there for the rest
-// of its life, so later statements keep seeing that state. Read-write
+// change session state run on the primary. Settings (SET, set_config, SET
+// ROLE) then follow the connection's reads to replicas; other state
+// (advisory locks, LISTEN, temporary tables, SQL PREPARE, cursors WITH HOLD)
+// keeps the connection's reads on the primary while it lives, so later
+// statements keep seeing it. Read-write
 // transactions run wholly on the primary; a read-only transaction
 // (sql.TxOptions{ReadOnly: true}) runs wholly on a replica. A comment
 // /* pgryw:primary */ or the context from WithPrimary forces the primary.
@@ -73,6 +76,9 @@
 // separate modules github.com/pgryw/pgryw/otel and
 // github.com/pgryw/pgryw/prometheus export them to OpenTelemetry spans and
 // to Prometheus.
+//
+// Package github.com/pgryw/pgryw/rywhttp carries a Session's position across
+// HTTP requests (a header, a cookie, a shared token store).
 //
 // # Writer failover
 //

@@ -28,7 +28,7 @@ import (
 // anything the new writer will write for a long time. Then the replica is
 // promoted and the old writer rebuilt as its standby.
 //
-// It asserts what README promises across a failover:
+// It asserts what docs/guarantees.md promises across a failover:
 //   - writes resume within a bounded time after the promotion;
 //   - no write is duplicated (ids are unique, rows are counted);
 //   - a write acknowledged after the promotion is never lost; only writes

@@ -1,6 +1,6 @@
 package pgryw_test
 
-// Regression tests for issue 7's defect classes, each against the real
+// Regression tests for the defect classes of the guarantees, each against the real
 // cluster. Each failed on the code before its fix.
 
 import (

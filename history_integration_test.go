@@ -798,7 +798,7 @@ func (s *histSession) readAll(ctx context.Context, op *histOp, q queryer, ts int
 	rows.Close()
 	if err != nil {
 		if got > 0 {
-			// README: once rows have reached the caller, a replica dying
+			// docs/guarantees.md: once rows have reached the caller, a replica dying
 			// before the end of the result fails the read. A backend
 			// terminated (57P01) while it scans sends the rows it has and
 			// its FATAL in one flush, after pgx has handed over the first.

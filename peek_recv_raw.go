@@ -15,7 +15,7 @@ import (
 // scheduler need not be told (syscall.Recvfrom's entersyscall and
 // exitsyscall). It runs before the first statement on a writer
 // connection that database/sql handed out again; this way it costs about
-// 40 ns less (measured on this project's machine:
+// 40 ns less (measured on a 2-core linux/amd64 host:
 // 180 against 220 ns on an idle socket).
 func (p *sockPeek) peekFD(fd uintptr) {
 	n, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p.buf[0])), uintptr(len(p.buf)),

@@ -42,7 +42,7 @@ func TestPlanStmt(t *testing.T) {
 			t.Errorf("%+v: %+v, want %+v", in, got, want)
 		}
 	}
-	// The cases the README's routing table names.
+	// The cases the routing table names (docs/routing.md).
 	for _, c := range []struct {
 		name string
 		in   planInput

@@ -1395,7 +1395,7 @@ func cutWrite(t *testing.T, pc *protoCluster, exec func(*sql.DB) error) error {
 	return err
 }
 
-// README ("Nothing runs twice"): "a connection lost after that is
+// docs/guarantees.md ("Nothing runs twice"): "a connection lost after that is
 // pgryw.ErrConnLost", whether pgx called it safe to retry (no arguments) or
 // returned its own error (io.ErrUnexpectedEOF, still matched).
 func TestProtocolCutWriteIsErrConnLost(t *testing.T) {

@@ -265,7 +265,7 @@ type Stats struct {
 	// may count under several. Reasons with no connection are left out.
 	PinnedBy map[string]int64
 
-	// Overload bounds (README, "Overload").
+	// Overload bounds (docs/overload.md).
 	FallbackPeak     int64 // the most reads on the primary at once for lack of a fresh replica (what max_fallback bounds)
 	FallbackWaits    int64 // such reads that found max_fallback reached and waited (on_max_fallback=wait)
 	FallbacksRefused int64 // such reads that got no place on the primary: failed, or served stale, per on_max_fallback

@@ -16,7 +16,7 @@ import (
 	"github.com/pgryw/pgryw/internal/pgtest"
 )
 
-// Regression tests for the divergences from pgx that issue 19 lists, one
+// Regression tests for the divergences from pgx found by hostile reviews and other projects' suites, one
 // program each, run through pgryw and through pgx on the primary as
 // TestTransparency runs its random ones (no faults): each failed before
 // its fix.

@@ -20,7 +20,7 @@ package pgryw_test
 // Every step must return within its context's deadline plus 100 ms.
 //
 // Differences on the written list of intended ones (transparencyIntended,
-// which README's limits repeat) are accepted; anything else fails the run,
+// which docs/guarantees.md's limits repeat) are accepted; anything else fails the run,
 // which prints its seed and a minimal program.
 //
 //	go test -run TestTransparency -args -tseed=N     replays a seed
@@ -131,7 +131,7 @@ type tpIntended struct {
 	accept  func(prog []tpStep, i int, pgx, ryw tpResult) bool
 }
 
-// transparencyIntended is the written list of intended differences. README
+// transparencyIntended is the written list of intended differences. docs/guarantees.md
 // ("What is guaranteed", its limits) says the same.
 var transparencyIntended = []tpIntended{
 	{
@@ -153,7 +153,7 @@ var transparencyIntended = []tpIntended{
 	},
 	{
 		id:  "replica-fails-mid-result",
-		why: "a read whose replica connection breaks after rows reached the caller fails, as it would on any server (README, Failures fall back)",
+		why: "a read whose replica connection breaks after rows reached the caller fails, as it would on any server (docs/guarantees.md, Failures fall back)",
 		accept: func(prog []tpStep, i int, pgx, ryw tpResult) bool {
 			return pgx.err == "" && ryw.err != "" && !strings.HasPrefix(ryw.err, "SQLSTATE ") && prog[i].op == "query" && tpFaultsFired.Load() > 0
 		},

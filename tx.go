@@ -123,7 +123,7 @@ func (t *tx) needsPrimary(cls *sqlclass.Result) bool {
 // begins there and the statements whose effects last the transaction run
 // again, so the moved statement sees what it would have seen. The replica's
 // transaction ends. Under REPEATABLE READ the statements from here on see
-// the primary's snapshot, taken now (README lists this).
+// the primary's snapshot, taken now (docs/guarantees.md lists this).
 func (t *tx) toPrimary() error {
 	if err := t.reopenOnPrimary(); err != nil {
 		return err

@@ -345,7 +345,7 @@ func (c *Connector) configError(b *backend, err error) error {
 	return nil
 }
 
-// PolarDB's wait (wait_method=polar), as its proxy does it (seed 000): three
+// PolarDB's wait (wait_method=polar), as its proxy does it: three
 // settings in front of the read,
 //
 //	SET polar_consistency_mode = 'strict';   -- or 'best_effort'

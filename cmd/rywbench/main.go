@@ -29,7 +29,7 @@
 //	pgryw-no-replica  insert and read through a pgryw pool without replicas
 //
 // and, only when named (-strategies all), the wire-level models of models.go.
-// The end of the report judges issue 10's targets on the run, PASS or FAIL
+// The end of the report judges the benchmark targets on the run, PASS or FAIL
 // with the ratios measured.
 //
 // The strategies run interleaved: each of -rounds rounds runs every strategy

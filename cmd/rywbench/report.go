@@ -49,7 +49,7 @@ func ratios(sums []summary) []ratio {
 	}
 }
 
-// target is one target of issue 10, judged on this run.
+// target is one of the benchmark targets (BENCHMARKS.md), judged on this run.
 type target struct {
 	Name   string        `json:"target"`
 	Status string        `json:"status"` // PASS, FAIL, or n/a when a strategy it needs did not run
@@ -72,7 +72,7 @@ func readLimit(serverVersionNum int) float64 {
 	return 1.25
 }
 
-// targets judges issue 10's targets on a run's summaries.
+// targets judges the benchmark targets on a run's summaries.
 func targets(sums []summary, serverVersionNum int) []target {
 	by := byName(sums)
 	p50r := func(s summary) float64 { return s.ReadP50 }
@@ -125,7 +125,7 @@ func targets(sums []summary, serverVersionNum int) []target {
 }
 
 func printTargets(w io.Writer, ts []target, e *env, workers int) {
-	fmt.Fprintf(w, "\nIssue 10 targets (PostgreSQL %s, %d workers; same run, interleaved):\n", e.serverVersion, workers)
+	fmt.Fprintf(w, "\nTargets (PostgreSQL %s, %d workers; same run, interleaved):\n", e.serverVersion, workers)
 	for _, t := range ts {
 		var parts []string
 		for _, r := range t.Ratios {

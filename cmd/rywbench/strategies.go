@@ -181,7 +181,7 @@ func (b *baseline) read(ctx context.Context, id int64) (readOut, error) {
 		}
 		return b.get(ctx, replica, id)
 	case twoRoundTrip:
-		// The pattern of seed 003: one more round trip to the primary for
+		// The two-round-trip pattern (read the position, then wait): one more round trip to the primary for
 		// its WAL position, a wait on the replica, then the read, or the
 		// primary's read if the replica did not catch up within the budget.
 		var lsn string
