@@ -89,6 +89,10 @@ type histRead struct {
 	vals []int64 // by key; -1: not read
 	port int     // inet_server_port() of the node that answered
 	inRW bool    // inside a read-write transaction (on the primary)
+	// served is pgryw's report of the statement (the watermark a replica
+	// read answered to, whether a check rode with it, the wait), for the
+	// description of a violation.
+	served pgryw.ServedBy
 }
 
 type histOp struct {
@@ -769,12 +773,14 @@ type queryer interface {
 // readAll reads the whole kv table.
 func (s *histSession) readAll(ctx context.Context, op *histOp, q queryer, ts int64, inRW bool) bool {
 	at := s.h.now()
+	var served pgryw.ServedBy
+	ctx = pgryw.WithServedBy(ctx, func(_ context.Context, sb pgryw.ServedBy) { served = sb })
 	rows, err := q.QueryContext(ctx, s.h.sql.readAll)
 	if err != nil {
 		s.readFailed(ctx, op, err, !inRW && op.kind != "read-tx")
 		return false
 	}
-	r := histRead{ts: ts, at: at, vals: make([]int64, histKeys), inRW: inRW}
+	r := histRead{ts: ts, at: at, vals: make([]int64, histKeys), inRW: inRW, served: served}
 	for i := range r.vals {
 		r.vals[i] = -1
 	}
@@ -825,12 +831,14 @@ func (s *histSession) readOne(ctx context.Context, op *histOp, q rowQueryer, k i
 	at := s.h.now()
 	var v int64
 	var port int
+	var served pgryw.ServedBy
+	ctx = pgryw.WithServedBy(ctx, func(_ context.Context, sb pgryw.ServedBy) { served = sb })
 	err := q.QueryRowContext(ctx, s.h.sql.readOne, k).Scan(&v, &port)
 	if err != nil {
 		s.readFailed(ctx, op, err, !inRW)
 		return false
 	}
-	r := histRead{ts: ts, at: at, vals: make([]int64, histKeys), port: port, inRW: inRW}
+	r := histRead{ts: ts, at: at, vals: make([]int64, histKeys), port: port, inRW: inRW, served: served}
 	for i := range r.vals {
 		r.vals[i] = -1
 	}
@@ -1292,6 +1300,11 @@ func (h *histRun) describe(op *histOp) string {
 		rw := ""
 		if r.inRW {
 			rw = " in rw tx"
+		}
+		if sb := r.served; sb.Role == pgryw.RoleReplica {
+			rw += fmt.Sprintf(" wm=%X/%X checked=%v wait=%v", sb.Watermark>>32, uint32(sb.Watermark), sb.Checked, sb.Wait)
+		} else if sb.Role == pgryw.RolePrimary {
+			rw += fmt.Sprintf(" route=%v fallback=%v", sb.Route, sb.Fallback)
 		}
 		fmt.Fprintf(&b, " read@%s{%s on %s%s}", h.rel(r.at), strings.Join(kv, " "), h.node(r.port), rw)
 	}

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgryw/pgryw/internal/lsn"
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
 
@@ -176,6 +177,17 @@ type ServedBy struct {
 	Stale bool
 	// Begin: the statement was the BEGIN of a database/sql transaction.
 	Begin bool
+	// Watermark is, for a replica read, the WAL position the replica was
+	// known or checked to have replayed before its answer was used: the
+	// watermark the read answered to, as pg_lsn's 64 bits
+	// (fmt.Sprintf("%X/%X", w>>32, uint32(w)) prints it as PostgreSQL
+	// does). Zero when it answered to none (read_your_writes=off, nothing
+	// written yet), and for statements on the primary.
+	Watermark uint64
+	// Checked: a catch-up check (a replay poll or WAIT FOR) rode with the
+	// read on the replica; false when the replica was already known to
+	// have replayed the watermark.
+	Checked bool
 }
 
 // ServedByFunc receives a ServedBy once per statement that reached a server
@@ -236,6 +248,10 @@ type stmtObs struct {
 	last   *node         // that replica (nil: none was tried)
 	waited bool          // pipelined polled again after a failed check
 	wait   time.Duration // time spent waiting for replicas
+	// wm and checked: the watermark a replica read answered to, and
+	// whether a check rode with it (ServedBy.Watermark, Checked).
+	wm      lsn.LSN
+	checked bool
 }
 
 // skip records that replica n (nil: none in particular) cannot serve the
@@ -357,6 +373,7 @@ func (cn *Conn) report(ctx context.Context, n *node, role Role, begin bool, rout
 	s := ServedBy{
 		Addr: n.addr, Host: n.host, Port: n.port, Role: role, Route: route,
 		Fallback: cn.obs.reason, Wait: cn.obs.wait, Stale: role == RoleReplica && cn.stale(n), Begin: begin,
+		Watermark: uint64(cn.obs.wm), Checked: cn.obs.checked,
 	}
 	if s.Route == RouteFallback && s.Fallback == FallbackNone {
 		s.Fallback = FallbackNoReplica

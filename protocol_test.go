@@ -1408,3 +1408,41 @@ func TestProtocolCutWriteIsErrConnLost(t *testing.T) {
 		})
 	}
 }
+
+// ServedBy says which watermark a replica read answered to and whether a
+// check rode with it: after a write, the first read is checked (the poll
+// in front of it) and the next one is not (the replica is known to have
+// replayed the position); both answered to the write's position. A read
+// before any write answers to none.
+func TestProtocolServedByWatermark(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "")
+	var got []pgryw.ServedBy
+	ctx := pgryw.WithServedBy(context.Background(), func(_ context.Context, s pgryw.ServedBy) { got = append(got, s) })
+	read := func() pgryw.ServedBy {
+		t.Helper()
+		got = nil
+		var v string
+		if err := pc.db.QueryRowContext(ctx, protoRead, 7).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || got[0].Role != pgryw.RoleReplica {
+			t.Fatalf("served by %+v, want one replica", got)
+		}
+		return got[0]
+	}
+	if s := read(); s.Watermark != 0 || s.Checked {
+		t.Errorf("read before any write: watermark %X, checked %v; want 0, false", s.Watermark, s.Checked)
+	}
+	if _, err := pc.db.Exec(protoInsert, 1); err != nil {
+		t.Fatal(err)
+	}
+	pc.r.replays(protoLSN)
+	want := protoAt(protoLSN)
+	first, second := read(), read()
+	if first.Watermark != want || !first.Checked {
+		t.Errorf("first read after the write: watermark %X, checked %v; want %X, true", first.Watermark, first.Checked, want)
+	}
+	if second.Watermark != want || second.Checked {
+		t.Errorf("second read: watermark %X, checked %v; want %X, false", second.Watermark, second.Checked, want)
+	}
+}

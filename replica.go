@@ -201,6 +201,7 @@ type replicaRead struct {
 	tried        uint64 // the replicas tried, by index bit
 	busy         *node  // a replica passed over for max_waits
 	retriedStale bool   // a stale description was read again once
+	checked      bool   // the last attempt's read had a check riding with it
 	refusedCode  string // outRefusedAsStandby's SQLSTATE
 }
 
@@ -305,6 +306,7 @@ var effects = [outcomes]effect{
 // needed, then the read, and says what came of the check.
 func (r *replicaRead) try(a *attempt, check, stale bool) (outcome, error) {
 	cn, b := r.cn, a.b
+	r.checked = false
 	if b.peer.TxPooled && len(cn.sess.set.names) > 0 {
 		return outSettingsPooled, nil
 	}
@@ -321,6 +323,7 @@ func (r *replicaRead) try(a *attempt, check, stale bool) (outcome, error) {
 		a.read()
 		return r.answer(a), nil
 	}
+	r.checked = true
 	res, err := cn.checkedRead(r.ctx, a, &r.wm, r.spec != nil)
 	r.spec = nil
 	if err != nil {
@@ -454,6 +457,7 @@ func (r *replicaRead) refusal(pgErr *pgconn.PgError) outcome {
 // served returns an answer that stands, and settles what it saw.
 func (r *replicaRead) served(a *attempt) (bool, func(), error) {
 	cn, b := r.cn, a.b
+	cn.obs.wm, cn.obs.checked = r.wm, r.checked
 	if a.err != nil {
 		err := a.err
 		a.finish()
