@@ -16,13 +16,13 @@ import (
 	"github.com/pgryw/pgryw/internal/wire"
 )
 
-// backend is one open server connection of a Conn: a pgx stdlib connection,
-// or in unit tests any database/sql driver connection (go-sqlmock) standing
-// in for one.
+// backend is one open server connection of a Conn: a pgx stdlib
+// connection, in unit tests as in production (a scripted server stands in
+// for PostgreSQL on the wire, not a driver double).
 type backend struct {
 	conn  driver.Conn
-	pg    *pgconn.PgConn // nil for test doubles
-	wire  *wire.Conn     // nil when pgryw's statements cannot ride along
+	pg    *pgconn.PgConn
+	wire  *wire.Conn     // nil without replicas (Connector.plain): nothing rides along
 	pre   slot           // a statement riding in front of the next one (a replica's check)
 	post  slot           // a statement riding behind the next one (a capture or a replay poll)
 	post2 slot           // the capture's other slot, while one waits to be settled (deferred.go)
@@ -76,33 +76,31 @@ type backend struct {
 	// (idle) connection; nil when it cannot (no wire layer, a test's
 	// wrapper, a platform without it).
 	peek *sockPeek
-
-	// txOpen tracks a database/sql transaction for test doubles, which
-	// cannot report the server's transaction status (the routing-decision
-	// tests run with read_your_writes=off and need nothing else of them).
-	txOpen bool
 }
 
+// newBackend takes one of the connector's server connections: every one
+// is pgx's (a *stdlib.Conn), with pgryw's wire layer under pgconn
+// (Connector.wireUp wraps the socket, after any TLS) unless the connector
+// has no replicas.
 func newBackend(dc driver.Conn, n *node) *backend {
 	b := &backend{conn: dc, node: n, ups: n.ups.Load()}
-	if sc, ok := dc.(*stdlib.Conn); ok {
-		b.pg = sc.Conn().PgConn()
-		b.major = majorVersion(b.pg.ParameterStatus("server_version"))
-		b.wire, _ = b.pg.Conn().(*wire.Conn)
-		if b.wire != nil {
-			b.peer = b.wire.Peer
-			if b.peer.Auto && !b.peer.TxPooled && n.pooledSeen.Load() {
-				b.becomeTxPooled()
-			}
+	b.pg = dc.(*stdlib.Conn).Conn().PgConn()
+	b.major = majorVersion(b.pg.ParameterStatus("server_version"))
+	// Without replicas (Connector.plain) there is no wire layer: the
+	// connection is pgx's alone.
+	if b.wire, _ = b.pg.Conn().(*wire.Conn); b.wire != nil {
+		b.peer = b.wire.Peer
+		if b.peer.Auto && !b.peer.TxPooled && n.pooledSeen.Load() {
+			b.becomeTxPooled()
 		}
-		if b.wire != nil && n.index < 0 {
+		if n.index < 0 {
 			b.peek = newSockPeek(b.wire.Conn)
 		}
-		// Servers ≥ 14 report in_hot_standby; a replica entry that points at
-		// a primary is caught here for free.
-		if n.index >= 0 && b.pg.ParameterStatus("in_hot_standby") == "off" {
-			n.record(eventPromoted)
-		}
+	}
+	// Servers ≥ 14 report in_hot_standby; a replica entry that points at a
+	// primary is caught here for free.
+	if n.index >= 0 && b.pg.ParameterStatus("in_hot_standby") == "off" {
+		n.record(eventPromoted)
 	}
 	return b
 }
@@ -118,7 +116,7 @@ func majorVersion(v string) int {
 }
 
 func (b *backend) closed() bool {
-	return b.pg != nil && b.pg.IsClosed()
+	return b.pg.IsClosed()
 }
 
 // gone reports, without waiting, that the server has ended this idle
@@ -137,10 +135,7 @@ func (b *backend) gone() bool {
 
 // idle reports whether no transaction is open on the server connection.
 func (b *backend) idle() bool {
-	if b.pg != nil {
-		return b.pg.TxStatus() == 'I'
-	}
-	return !b.txOpen
+	return b.pg.TxStatus() == 'I'
 }
 
 // stillStandby reports what the server last said about recovery. Servers
@@ -153,9 +148,6 @@ func (b *backend) idle() bool {
 // after the read that counted it returned: the server sends changed
 // statuses just before ReadyForQuery, behind the rows).
 func (b *backend) stillStandby() bool {
-	if b.pg == nil {
-		return true
-	}
 	if b.wire != nil {
 		n := b.wire.Statuses()
 		if n == b.statusesAt && b.statusSettled {
@@ -275,26 +267,23 @@ func serverError(err error) error {
 // otherwise take a slot in pgx's prepared statement cache (and a Parse
 // round trip).
 func (b *backend) control(ctx context.Context, query string) (row []string, null []bool, err error) {
-	if b.pg != nil {
-		res, err := b.pg.Exec(ctx, query).ReadAll()
-		if err != nil {
-			return nil, nil, err
-		}
-		for _, r := range res {
-			if r.Err != nil {
-				return nil, nil, r.Err
-			}
-		}
-		if len(res) == 0 || len(res[len(res)-1].Rows) == 0 {
-			return nil, nil, fmt.Errorf("pgryw: %s returned no row", firstWords(query))
-		}
-		for _, v := range res[len(res)-1].Rows[0] {
-			row = append(row, string(v))
-			null = append(null, v == nil)
-		}
-		return row, null, nil
+	res, err := b.pg.Exec(ctx, query).ReadAll()
+	if err != nil {
+		return nil, nil, err
 	}
-	return nil, nil, errors.New("pgryw: pgryw's own statements need a pgx connection")
+	for _, r := range res {
+		if r.Err != nil {
+			return nil, nil, r.Err
+		}
+	}
+	if len(res) == 0 || len(res[len(res)-1].Rows) == 0 {
+		return nil, nil, fmt.Errorf("pgryw: %s returned no row", firstWords(query))
+	}
+	for _, v := range res[len(res)-1].Rows[0] {
+		row = append(row, string(v))
+		null = append(null, v == nil)
+	}
+	return row, null, nil
 }
 
 func firstWords(q string) string {

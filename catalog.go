@@ -3,7 +3,6 @@ package pgryw
 import (
 	"context"
 	"database/sql/driver"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -115,7 +114,7 @@ const catalogWait = 2 * time.Second
 // settings it makes would not reach the replicas. It returns at once when
 // everything is known, which is every call but the first few.
 func (c *Connector) awaitFuncs(ctx context.Context, r *sqlclass.Result) {
-	if len(r.Funcs) == 0 || c.noCatalog {
+	if len(r.Funcs) == 0 {
 		return
 	}
 	fc := &c.funcs
@@ -191,9 +190,6 @@ func (c *Connector) funcReadOnly(f string) bool {
 // not running. Names already queued, in their failure backoff, or beyond
 // the pending bound are left alone.
 func (c *Connector) askCatalog(f string) {
-	if c.noCatalog {
-		return
-	}
 	fc := &c.funcs
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
@@ -355,7 +351,7 @@ func (c *Connector) askBatch(ctx context.Context, b *backend, names []string) *b
 	}
 	if err == nil {
 		ro, err = queryVolatility(qctx, b, names)
-		if err != nil && (b.pg == nil || b.closed()) {
+		if err != nil && b.closed() {
 			b.close()
 			b = nil
 		}
@@ -417,9 +413,6 @@ func (fc *funcCatalog) answered(names []string, ro []funcInfo, err error, stoppi
 // read-only, and what its code may do to the session, in one query; ro[i]
 // answers names[i].
 func queryVolatility(ctx context.Context, b *backend, names []string) ([]funcInfo, error) {
-	if b.pg == nil {
-		return nil, errors.New("pgryw: catalog look-up needs a pgx connection")
-	}
 	schemas, bare := make([]string, len(names)), make([]string, len(names))
 	for i, f := range names {
 		bare[i] = f

@@ -80,7 +80,6 @@ type Connector struct {
 
 	overrides funcOverrides // write_functions, read_functions
 	funcs     funcCatalog
-	noCatalog bool // unit tests: no primary to ask
 	// monitorEvery is how often the monitor looks at each node (0:
 	// monitorInterval); tests shorten it.
 	monitorEvery time.Duration
@@ -92,8 +91,8 @@ type Connector struct {
 	mon     monitor
 	seenTLI atomic.Uint32 // the writer's timeline as this connector's connections last saw it (noteTimeline)
 
-	// dial opens a backend connection; replaced by unit tests to put
-	// go-sqlmock connections in place of servers.
+	// dial opens a backend connection; tests wrap it to fail or count
+	// dials.
 	dial func(ctx context.Context, n *node) (driver.Conn, error)
 	// netHook, when set by tests, wraps each server connection under
 	// pgryw's wire layer (to count round trips).
@@ -425,9 +424,6 @@ const sqlGeneration = "SELECT s.system_identifier::text, pg_walfile_name(pg_curr
 func (c *Connector) generationOf(ctx context.Context, b *backend) generation {
 	if sys := c.sysID.Load(); sys != 0 || c.sysTried.Load() {
 		return generation{system: sys, timeline: c.tli.Load()}
-	}
-	if b.pg == nil {
-		return generation{}
 	}
 	row, _, err := b.control(ctx, sqlGeneration)
 	var pgErr *pgconn.PgError

@@ -239,7 +239,6 @@ func TestDownReplicaBackoff(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c.noCatalog = true
 			// The probes' backoff starts at first, not probeBackoffMin, so
 			// the test runs in a fraction of the time; it is the same
 			// doubling.

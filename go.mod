@@ -2,10 +2,7 @@ module github.com/pgryw/pgryw
 
 go 1.25.0
 
-require (
-	github.com/DATA-DOG/go-sqlmock v1.5.2
-	github.com/jackc/pgx/v5 v5.12.0
-)
+require github.com/jackc/pgx/v5 v5.12.0
 
 require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect

@@ -2,112 +2,108 @@ package pgryw
 
 import (
 	"context"
-	"database/sql/driver"
-	"io"
+	"database/sql"
+	"fmt"
 	"testing"
 )
 
-// nopConn is a server connection that answers every statement at once
-// without allocating, so that a benchmark through Conn measures pgryw's
-// own work: classification, routing, and reporting where it ran.
-type nopConn struct{}
+// A cached read routed to a replica and a cached write on the primary, on
+// scripted servers, next to pgx's stdlib driver on the same servers:
+// pgryw's routing, plan, executor and reporting add no allocation to pgx's
+// (database/sql's and pgx's own are the same on both sides).
 
-func (nopConn) Prepare(string) (driver.Stmt, error) { return nil, driver.ErrSkip }
-func (nopConn) Close() error                        { return nil }
-func (nopConn) Begin() (driver.Tx, error)           { return nil, driver.ErrSkip }
-func (nopConn) ExecContext(context.Context, string, []driver.NamedValue) (driver.Result, error) {
-	return driver.RowsAffected(1), nil
-}
-func (nopConn) QueryContext(context.Context, string, []driver.NamedValue) (driver.Rows, error) {
-	return nopRows{}, nil
+// routedPair is a pgryw pool on a scripted cluster (read_your_writes=off,
+// one replica) and pgx stdlib pools on its primary and its replica.
+type routedPair struct {
+	fc                     *fakeCluster
+	pgxPrimary, pgxReplica *sql.DB
 }
 
-type nopRows struct{}
-
-func (nopRows) Columns() []string         { return nil }
-func (nopRows) Close() error              { return nil }
-func (nopRows) Next([]driver.Value) error { return io.EOF }
-
-// nopConnection is a Conn of a connector with read_your_writes=off and two
-// replicas whose server connections are nopConns, with no monitor or
-// catalog worker.
-func nopConnection(tb testing.TB) *Conn {
-	tb.Helper()
-	cfg, err := ParseDSN("host=w.invalid read_your_writes=off replicas=r1.invalid,r2.invalid")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	c, err := newConnector(cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	c.mon.closed, c.noCatalog = true, true
-	c.dial = func(context.Context, *node) (driver.Conn, error) { return nopConn{}, nil }
-	dc, err := c.Connect(context.Background())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return dc.(*Conn)
-}
-
-// BenchmarkStatementRouted runs a cached read (to a replica) and a cached
-// write (to the primary) through Conn.ExecContext with read_your_writes=off
-// against connections that answer at once: pgryw's per-statement cost
-// without a server. The sub-benchmarks differ only in what observes the
-// statements; "no hook" must allocate no more than before the served-by
-// hook existed, and "hooks" no more than "no hook".
-func BenchmarkStatementRouted(b *testing.B) {
-	cn := nopConnection(b)
-	c := cn.c
-	read, write := benchStatements[0], benchStatements[3]
-	run := func(b *testing.B, ctx context.Context) {
-		for _, q := range []string{read, write} {
-			if _, err := cn.ExecContext(ctx, q, nil); err != nil {
-				b.Fatal(err)
-			}
+func newRoutedPair(tb testing.TB) *routedPair {
+	fc := newFakeCluster(tb, 1, "")
+	fc.replicas[0].Always(benchRead, valueRow(1))
+	fc.primary.Always(benchWrite, nil)
+	open := func(n *fakeNode) *sql.DB {
+		db, err := sql.Open("pgx", fmt.Sprintf("host=%s port=%d user=app password=x dbname=app sslmode=disable", n.srv.Host(), n.srv.Port()))
+		if err != nil {
+			tb.Fatal(err)
 		}
+		db.SetMaxOpenConns(1)
+		tb.Cleanup(func() { db.Close() })
+		return db
+	}
+	return &routedPair{fc: fc, pgxPrimary: open(fc.primary), pgxReplica: open(fc.replicas[0])}
+}
+
+const (
+	benchRead  = "SELECT v FROM t WHERE id = $1"
+	benchWrite = "UPDATE t SET v = v + 1 WHERE id = $1"
+)
+
+// readOn and writeOn run the cached read and write on db.
+func readOn(tb testing.TB, ctx context.Context, db *sql.DB) {
+	var v int
+	if err := db.QueryRowContext(ctx, benchRead, int64(7)).Scan(&v); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func writeOn(tb testing.TB, ctx context.Context, db *sql.DB) {
+	if _, err := db.ExecContext(ctx, benchWrite, int64(7)); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// BenchmarkStatementRouted runs a cached read (to the replica) and a cached
+// write (to the primary) through pgryw, and the same through pgx stdlib
+// pools on the same scripted servers; the sub-benchmarks differ only in
+// what observes pgryw's statements. "no hook" must allocate no more than
+// pgx, and "hooks" no more than "no hook".
+func BenchmarkStatementRouted(b *testing.B) {
+	rp := newRoutedPair(b)
+	run := func(b *testing.B, ctx context.Context, read, write *sql.DB) {
+		readOn(b, ctx, read)
+		writeOn(b, ctx, write)
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
-			cn.ExecContext(ctx, read, nil)
-			cn.ExecContext(ctx, write, nil)
+			readOn(b, ctx, read)
+			writeOn(b, ctx, write)
 		}
 	}
-	b.Run("no hook", func(b *testing.B) { run(b, context.Background()) })
+	b.Run("pgx", func(b *testing.B) { run(b, context.Background(), rp.pgxReplica, rp.pgxPrimary) })
+	b.Run("no hook", func(b *testing.B) { run(b, context.Background(), rp.fc.db, rp.fc.db) })
 	b.Run("hooks", func(b *testing.B) {
 		var n int
-		c.SetServedBy(func(context.Context, ServedBy) { n++ })
-		defer c.SetServedBy(nil)
-		run(b, WithServedBy(context.Background(), func(_ context.Context, s ServedBy) { n += int(s.Route) }))
+		rp.fc.c.SetServedBy(func(context.Context, ServedBy) { n++ })
+		defer rp.fc.c.SetServedBy(nil)
+		run(b, WithServedBy(context.Background(), func(_ context.Context, s ServedBy) { n += int(s.Route) }), rp.fc.db, rp.fc.db)
 	})
 }
 
-// A cached read routed to a replica, by Exec and by Query, and a cached
-// write on the primary by Exec allocate nothing of pgryw's own: the plan,
-// the executor's state and the attempt stay on the stack. (A write by
-// Query allocates the wrapper that settles it when its rows are closed.)
+// TestStatementRoutedAllocs: a cached read routed to a replica and a
+// cached write on the primary allocate exactly what they do through pgx's
+// stdlib driver on the same servers: the plan, the executor's state and
+// the attempt stay on the stack.
 func TestStatementRoutedAllocs(t *testing.T) {
-	cn := nopConnection(t)
-	c := cn.c
+	rp := newRoutedPair(t)
 	ctx := context.Background()
-	read, write := benchStatements[0], benchStatements[3]
-	run := func() {
-		for _, q := range []string{read, write} {
-			if _, err := cn.ExecContext(ctx, q, nil); err != nil {
-				t.Fatal(err)
-			}
-		}
-		rows, err := cn.QueryContext(ctx, read, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rows.Close()
+	readOn(t, ctx, rp.fc.db)
+	writeOn(t, ctx, rp.fc.db)
+	if st := rp.fc.c.Stats(); st.ReplicaReads != 1 {
+		t.Fatalf("%d reads reached a replica, want 1", st.ReplicaReads)
 	}
-	run()
-	if st := c.Stats(); st.ReplicaReads != 2 {
-		t.Fatalf("%d reads reached a replica, want 2", st.ReplicaReads)
-	}
-	if n := testing.AllocsPerRun(200, run); n != 0 {
-		t.Errorf("%v allocations per two reads and a write", n)
+	for _, c := range []struct {
+		name       string
+		pgryw, pgx func()
+	}{
+		{"read", func() { readOn(t, ctx, rp.fc.db) }, func() { readOn(t, ctx, rp.pgxReplica) }},
+		{"write", func() { writeOn(t, ctx, rp.fc.db) }, func() { writeOn(t, ctx, rp.pgxPrimary) }},
+	} {
+		c.pgx()
+		mine, theirs := testing.AllocsPerRun(200, c.pgryw), testing.AllocsPerRun(200, c.pgx)
+		if mine != theirs {
+			t.Errorf("%s: %v allocations through pgryw, %v through pgx", c.name, mine, theirs)
+		}
 	}
 }

@@ -1,9 +1,8 @@
 package pgryw
 
 // The served-by hook, the per-node counters and the log lines, asserted
-// exactly on routing-decision tests: go-sqlmock connections stand in for
-// the primary and the replicas (see routing_test.go). Waits, lag and
-// stale reads need real replicas: observe_integration_test.go.
+// exactly on scripted servers (fakecluster_test.go). Waits, lag and stale
+// reads need real replicas: observe_integration_test.go.
 
 import (
 	"context"
@@ -12,14 +11,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgryw/pgryw/internal/pgtest"
 )
@@ -45,18 +45,19 @@ func (l *servedLog) take() []ServedBy {
 	return g
 }
 
-const (
-	mockPrimary  = "primary.invalid:5432"
-	mockReplica0 = "replica0.invalid:5433"
-	mockReplica1 = "replica1.invalid:5433"
-)
+// p and r are the addresses of the scripted primary and replica i.
+func (fc *fakeCluster) p() string      { return fc.primary.srv.Addr() }
+func (fc *fakeCluster) r(i int) string { return fc.replicas[i].srv.Addr() }
+
+// splitAddr splits a scripted node's address.
+func splitAddr(addr string) (string, uint16) {
+	host, port, _ := net.SplitHostPort(addr)
+	n, _ := strconv.Atoi(port)
+	return host, uint16(n)
+}
 
 func at(addr string, role Role, route Route) ServedBy {
-	host, _, _ := strings.Cut(addr, ":")
-	port := uint16(5432)
-	if role == RoleReplica {
-		port = 5433
-	}
+	host, port := splitAddr(addr)
 	return ServedBy{Addr: addr, Host: host, Port: port, Role: role, Route: route}
 }
 
@@ -82,7 +83,7 @@ func nodeStatsByAddr(c *Connector) map[string]NodeStats {
 }
 
 func TestServedByRoutes(t *testing.T) {
-	mc := newMockCluster(t, 1, "")
+	mc := newFakeCluster(t, 1, "")
 	var pool, own servedLog
 	mc.c.SetServedBy(pool.hook)
 	ctx := WithServedBy(context.Background(), own.hook)
@@ -110,14 +111,13 @@ func TestServedByRoutes(t *testing.T) {
 		expectServed(t, name+" (pool hook)", p, want...)
 		expectServed(t, name+" (context hook)", o, want...)
 	}
-	p, r := mockPrimary, mockReplica0
-	ok := sqlmock.NewResult(0, 1)
+	p, r := mc.p(), mc.r(0)
 
 	mc.replicas[0].ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	read(ctx, selectSQL)
 	step("read", at(r, RoleReplica, RouteReplica))
 
-	mc.primary.ExpectExec(insertSQL).WillReturnResult(ok)
+	mc.primary.ExpectExec(insertSQL)
 	if _, err := conn.ExecContext(ctx, insertSQL, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestServedByRoutes(t *testing.T) {
 
 	// A read-write transaction: BEGIN and each statement, on the primary.
 	mc.primary.ExpectBegin()
-	mc.primary.ExpectExec(insertSQL).WillReturnResult(ok)
+	mc.primary.ExpectExec(insertSQL)
 	mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	mc.primary.ExpectCommit()
 	tx, err := conn.BeginTx(ctx, nil)
@@ -170,18 +170,18 @@ func TestServedByRoutes(t *testing.T) {
 	step("read-only transaction", at(r, RoleReplica, RouteReplica).begin(), at(r, RoleReplica, RouteTransaction))
 
 	// Transaction control sent as statements.
-	mc.primary.ExpectExec("BEGIN").WillReturnResult(ok)
-	mc.primary.ExpectExec("COMMIT").WillReturnResult(ok)
+	mc.primary.ExpectExec("BEGIN")
+	mc.primary.ExpectExec("COMMIT")
 	exec(ctx, "BEGIN")
 	exec(ctx, "COMMIT")
 	step("Exec'd BEGIN and COMMIT", at(p, RolePrimary, RouteTransaction), at(p, RolePrimary, RouteTransaction))
 
 	// Session state pins; a replica hint overrides the pin for a read; a
 	// write with the hint is refused by pgryw and reaches no server.
-	mc.primary.ExpectExec("SET search_path = app").WillReturnResult(ok)
+	mc.primary.ExpectExec("SELECT pg_advisory_lock(1)")
 	mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	mc.replicas[0].ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
-	exec(ctx, "SET search_path = app")
+	exec(ctx, "SELECT pg_advisory_lock(1)")
 	read(ctx, selectSQL)
 	read(WithReplica(ctx), selectSQL)
 	if _, err := conn.ExecContext(WithReplica(ctx), "DELETE FROM t"); !errors.Is(err, ErrReplicaHint) {
@@ -202,13 +202,15 @@ func TestServedByRoutes(t *testing.T) {
 	mc.verify(t)
 
 	got := nodeStatsByAddr(mc.c)
-	primary := NodeStats{Addr: p, Host: "primary.invalid", Port: 5432, Role: RolePrimary, Health: HealthUp,
+	ph, pp := splitAddr(p)
+	rh, rp := splitAddr(r)
+	primary := NodeStats{Addr: p, Host: ph, Port: pp, Role: RolePrimary, Health: HealthUp,
 		// insert, 2 hinted reads, 2 in the transaction, BEGIN, COMMIT, SET, pinned read
 		Statements: 9, Writes: 2, Reads: 7, Transactions: 1,
 		WaitTime: WaitHistogram{Counts: make([]int64, len(waitBounds)+1)},
-		Pinned:   1, // by the SET: a test double cannot read the state back
+		Pinned:   1, // by the advisory lock, which the read-back behind it found
 	}
-	replica := NodeStats{Addr: r, Host: "replica0.invalid", Port: 5433, Role: RoleReplica, Health: HealthUp,
+	replica := NodeStats{Addr: r, Host: rh, Port: rp, Role: RoleReplica, Health: HealthUp,
 		Statements: 5, Reads: 5, Transactions: 1,
 		WaitTime: WaitHistogram{Counts: make([]int64, len(waitBounds)+1)},
 	}
@@ -224,7 +226,7 @@ func TestServedByRoutes(t *testing.T) {
 
 // failingDial makes the mock cluster's dials go through f first: f returns
 // an error to fail the dial, or nil to let it through.
-func (mc *mockCluster) failingDial(f func(n *node) error) {
+func (mc *fakeCluster) failingDial(f func(n *node) error) {
 	orig := mc.c.dial
 	mc.c.dial = func(ctx context.Context, n *node) (driver.Conn, error) {
 		if err := f(n); err != nil {
@@ -238,11 +240,11 @@ func TestServedByFallbacks(t *testing.T) {
 	refusal := &pgconn.PgError{Severity: "ERROR", Code: "0A000", Message: "cannot use serializable mode in a hot standby"}
 	for _, tc := range []struct {
 		name    string
-		prepare func(mc *mockCluster)
+		prepare func(mc *fakeCluster)
 		why     Fallback
 		health  Health
 	}{
-		{"unreachable", func(mc *mockCluster) {
+		{"unreachable", func(mc *fakeCluster) {
 			mc.failingDial(func(n *node) error {
 				if n.index >= 0 {
 					return errors.New("dial tcp: connection refused")
@@ -250,7 +252,7 @@ func TestServedByFallbacks(t *testing.T) {
 				return nil
 			})
 		}, FallbackUnreachable, HealthDown},
-		{"promoted", func(mc *mockCluster) {
+		{"promoted", func(mc *fakeCluster) {
 			// As newBackend does when the server says in_hot_standby=off.
 			mc.failingDial(func(n *node) error {
 				if n.index >= 0 {
@@ -259,15 +261,15 @@ func TestServedByFallbacks(t *testing.T) {
 				return nil
 			})
 		}, FallbackPromoted, HealthNotStandby},
-		{"refused", func(mc *mockCluster) {
+		{"refused", func(mc *fakeCluster) {
 			mc.replicas[0].ExpectQuery(selectSQL).WithArgs(7).WillReturnError(refusal)
 		}, FallbackRefused, HealthRefused},
-		{"connection fault", func(mc *mockCluster) {
+		{"connection fault", func(mc *fakeCluster) {
 			mc.replicas[0].ExpectQuery(selectSQL).WithArgs(7).WillReturnError(driver.ErrBadConn)
 		}, FallbackUnreachable, HealthUp}, // a failed read alone does not mark the node down
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			mc := newMockCluster(t, 1, "")
+			mc := newFakeCluster(t, 1, "")
 			var l servedLog
 			mc.c.SetServedBy(l.hook)
 			tc.prepare(mc)
@@ -275,25 +277,25 @@ func TestServedByFallbacks(t *testing.T) {
 			if _, err := readOne(t, mc.db); err != nil {
 				t.Fatal(err)
 			}
-			p := at(mockPrimary, RolePrimary, RouteFallback)
+			p := at(mc.p(), RolePrimary, RouteFallback)
 			expectServed(t, "first read", l.take(), p.because(tc.why))
 			ns := nodeStatsByAddr(mc.c)
 			var want FallbackCounts
 			want[tc.why] = 1
-			if g := ns[mockPrimary].Fallbacks; g != want {
+			if g := ns[mc.p()].Fallbacks; g != want {
 				t.Errorf("primary Fallbacks %v, want %v", g, want)
 			}
-			if g := ns[mockReplica0].Misses; g != want {
+			if g := ns[mc.r(0)].Misses; g != want {
 				t.Errorf("replica Misses %v, want %v", g, want)
 			}
-			if g := ns[mockReplica0].Health; g != tc.health {
+			if g := ns[mc.r(0)].Health; g != tc.health {
 				t.Errorf("replica health %v, want %v", g, tc.health)
 			}
-			if g := ns[mockPrimary].Reads; g != 1 {
+			if g := ns[mc.p()].Reads; g != 1 {
 				t.Errorf("primary Reads %d", g)
 			}
-			if s := mc.c.Stats(); s.Fallbacks != ns[mockPrimary].Fallbacks.Total() {
-				t.Errorf("Stats.Fallbacks %d, per-node %d", s.Fallbacks, ns[mockPrimary].Fallbacks.Total())
+			if s := mc.c.Stats(); s.Fallbacks != ns[mc.p()].Fallbacks.Total() {
+				t.Errorf("Stats.Fallbacks %d, per-node %d", s.Fallbacks, ns[mc.p()].Fallbacks.Total())
 			}
 			if tc.health == HealthUp {
 				mc.verify(t)
@@ -306,7 +308,7 @@ func TestServedByFallbacks(t *testing.T) {
 			}
 			expectServed(t, "second read", l.take(), p.because(FallbackNoReplica))
 			want[FallbackNoReplica] = 1
-			if g := nodeStatsByAddr(mc.c)[mockPrimary].Fallbacks; g != want {
+			if g := nodeStatsByAddr(mc.c)[mc.p()].Fallbacks; g != want {
 				t.Errorf("primary Fallbacks %v, want %v", g, want)
 			}
 			mc.verify(t)
@@ -317,7 +319,7 @@ func TestServedByFallbacks(t *testing.T) {
 // A read-only transaction whose first statement a replica refuses moves to
 // the primary: a fallback, reported with the statement that moved.
 func TestServedByTransactionRefused(t *testing.T) {
-	mc := newMockCluster(t, 1, "")
+	mc := newFakeCluster(t, 1, "")
 	var l servedLog
 	mc.c.SetServedBy(l.hook)
 	refusal := &pgconn.PgError{Severity: "ERROR", Code: "0A000", Message: "cannot use serializable mode in a hot standby"}
@@ -337,13 +339,13 @@ func TestServedByTransactionRefused(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	expectServed(t, "transaction", l.take(), at(mockReplica0, RoleReplica, RouteReplica).begin(),
-		at(mockPrimary, RolePrimary, RouteTransaction).because(FallbackRefused))
+	expectServed(t, "transaction", l.take(), at(mc.r(0), RoleReplica, RouteReplica).begin(),
+		at(mc.p(), RolePrimary, RouteTransaction).because(FallbackRefused))
 	ns := nodeStatsByAddr(mc.c)
 	var want FallbackCounts
 	want[FallbackRefused] = 1
-	if ns[mockPrimary].Fallbacks != want || ns[mockReplica0].Misses != want || ns[mockReplica0].Health != HealthRefused {
-		t.Errorf("primary %+v\nreplica %+v", ns[mockPrimary], ns[mockReplica0])
+	if ns[mc.p()].Fallbacks != want || ns[mc.r(0)].Misses != want || ns[mc.r(0)].Health != HealthRefused {
+		t.Errorf("primary %+v\nreplica %+v", ns[mc.p()], ns[mc.r(0)])
 	}
 	if s := mc.c.Stats(); s.Fallbacks != 1 {
 		t.Errorf("Stats %+v", s)
@@ -354,7 +356,7 @@ func TestServedByTransactionRefused(t *testing.T) {
 // A replica that refuses a read as a write (25006): the statement runs on
 // the primary as the write it turned out to be.
 func TestServedByLearnedWrite(t *testing.T) {
-	mc := newMockCluster(t, 1, "read_functions=audit_touch")
+	mc := newFakeCluster(t, 1, "read_functions=audit_touch")
 	var l servedLog
 	mc.c.SetServedBy(l.hook)
 	q := "SELECT audit_touch($1)"
@@ -364,20 +366,20 @@ func TestServedByLearnedWrite(t *testing.T) {
 	if err := mc.db.QueryRow(q, int64(7)).Scan(&v); err != nil {
 		t.Fatal(err)
 	}
-	expectServed(t, "learned write", l.take(), at(mockPrimary, RolePrimary, RouteWrite))
-	if s := nodeStatsByAddr(mc.c)[mockPrimary]; s.Writes != 1 || s.Fallbacks.Total() != 0 {
+	expectServed(t, "learned write", l.take(), at(mc.p(), RolePrimary, RouteWrite))
+	if s := nodeStatsByAddr(mc.c)[mc.p()]; s.Writes != 1 || s.Fallbacks.Total() != 0 {
 		t.Errorf("primary %+v", s)
 	}
 	mc.verify(t)
 }
 
 func TestServedByNoReplicas(t *testing.T) {
-	mc := newMockCluster(t, 0, "")
+	mc := newFakeCluster(t, 0, "")
 	var l servedLog
 	ctx := WithServedBy(context.Background(), l.hook)
 	mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	mc.primary.ExpectBegin()
-	mc.primary.ExpectExec(insertSQL).WillReturnResult(sqlmock.NewResult(0, 1))
+	mc.primary.ExpectExec(insertSQL)
 	mc.primary.ExpectCommit()
 	var v int
 	if err := mc.db.QueryRowContext(ctx, selectSQL, int64(7)).Scan(&v); err != nil {
@@ -393,9 +395,9 @@ func TestServedByNoReplicas(t *testing.T) {
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	p := at(mockPrimary, RolePrimary, RouteNoReplicas)
+	p := at(mc.p(), RolePrimary, RouteNoReplicas)
 	expectServed(t, "no replicas", l.take(), p, p.begin(), p)
-	s := nodeStatsByAddr(mc.c)[mockPrimary]
+	s := nodeStatsByAddr(mc.c)[mc.p()]
 	if s.Statements != 2 || s.Transactions != 1 || s.Reads != 0 || s.Writes != 0 || len(mc.c.NodeStats()) != 1 {
 		t.Errorf("NodeStats %+v", mc.c.NodeStats())
 	}
@@ -408,7 +410,7 @@ var retryIn = regexp.MustCompile(`retry_in=(\S+)`)
 // at Info and Warn, routing decisions at Debug, and nothing that names the
 // password, the statement or its argument.
 func TestLogLines(t *testing.T) {
-	mc := newMockCluster(t, 2, "")
+	mc := newFakeCluster(t, 2, "")
 	var h pgtest.Logs
 	mc.c.SetLogger(slog.New(&h))
 	r0, r1 := mc.c.topo.replicas[0], mc.c.topo.replicas[1]
@@ -429,12 +431,12 @@ func TestLogLines(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"WARN pgryw: node down node=replica1.invalid:5433 role=replica failures=1 retry_in=…",
-		"DEBUG pgryw: replica could not serve the read as asked node=replica1.invalid:5433 reason=replica unreachable",
-		"WARN pgryw: node is not in recovery (the writer, or promoted): no reads go to it node=replica0.invalid:5433 role=replica",
-		"DEBUG pgryw: replica could not serve the read as asked node=replica0.invalid:5433 reason=replica promoted",
-		"INFO pgryw: node up node=primary.invalid:5432 role=primary",
-		"DEBUG pgryw: statement routed node=primary.invalid:5432 role=primary route=fallback fallback=replica promoted",
+		"WARN pgryw: node down node=" + mc.r(1) + " role=replica failures=1 retry_in=…",
+		"DEBUG pgryw: replica could not serve the read as asked node=" + mc.r(1) + " reason=replica unreachable",
+		"WARN pgryw: node is not in recovery (the writer, or promoted): no reads go to it node=" + mc.r(0) + " role=replica",
+		"DEBUG pgryw: replica could not serve the read as asked node=" + mc.r(0) + " reason=replica promoted",
+		"INFO pgryw: node up node=" + mc.p() + " role=primary",
+		"DEBUG pgryw: statement routed node=" + mc.p() + " role=primary route=fallback fallback=replica promoted",
 	}
 	got := h.Take()
 	// The backoff left is a little under the first probe backoff.
@@ -454,7 +456,7 @@ func TestLogLines(t *testing.T) {
 	r1Fails = false
 	r1.probeAnswered()
 	mc.replicas[1].ExpectQuery(selectSQL).WithArgs(secret).WillReturnRows(valueRow(1))
-	mc.primary.ExpectExec(insertSQL).WithArgs(secret).WillReturnResult(sqlmock.NewResult(0, 1))
+	mc.primary.ExpectExec(insertSQL).WithArgs(secret)
 	if err := mc.db.QueryRow(selectSQL, secret).Scan(&v); err != nil {
 		t.Fatal(err)
 	}
@@ -462,9 +464,9 @@ func TestLogLines(t *testing.T) {
 		t.Fatal(err)
 	}
 	want = []string{
-		"INFO pgryw: node up node=replica1.invalid:5433 role=replica",
-		"DEBUG pgryw: statement routed node=replica1.invalid:5433 role=replica route=replica",
-		"DEBUG pgryw: statement routed node=primary.invalid:5432 role=primary route=write",
+		"INFO pgryw: node up node=" + mc.r(1) + " role=replica",
+		"DEBUG pgryw: statement routed node=" + mc.r(1) + " role=replica route=replica",
+		"DEBUG pgryw: statement routed node=" + mc.p() + " role=primary route=write",
 	}
 	got2 := h.Take()
 	if !slices.Equal(got2, want) {

@@ -10,13 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/DATA-DOG/go-sqlmock"
 	"github.com/pgryw/pgryw/internal/lsn"
 )
 
 // Unit tests of the overload bounds: the max_fallback gate, the
-// max_replica_lag arithmetic, and (with go-sqlmock standing in for the
-// servers, as in routing_test.go) which node serves a read when a bound
+// max_replica_lag arithmetic, and (on scripted servers, as in
+// routing_test.go) which node serves a read when a bound
 // applies. The wire side of max_waits (what check a read over the bound
 // sends) is in overload_protocol_test.go; the bounds under load against
 // real servers in overload_integration_test.go.
@@ -214,7 +213,7 @@ func TestPickLagBound(t *testing.T) {
 	}
 }
 
-// max_replica_lag with read_your_writes=off (the routing tests' setting):
+// max_replica_lag with read_your_writes=off (the scripted cluster's setting):
 // unknown or too far behind, the replica is passed over and on_timeout
 // decides; known to be within it, the replica reads.
 func TestMaxReplicaLagRoutes(t *testing.T) {
@@ -228,7 +227,7 @@ func TestMaxReplicaLagRoutes(t *testing.T) {
 		{"on_timeout=stale", true, ""},
 	} {
 		t.Run(tc.extra, func(t *testing.T) {
-			mc := newMockCluster(t, 1, "max_replica_lag=2s "+tc.extra)
+			mc := newFakeCluster(t, 1, "max_replica_lag=2s "+tc.extra)
 			c := mc.c
 			r := c.topo.replicas[0]
 			now := time.Now().UnixNano()
@@ -304,7 +303,7 @@ func TestMaxFallbackFull(t *testing.T) {
 		{"stale", "on_max_fallback=stale", true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			mc := newMockCluster(t, 1, "max_replica_lag=2s max_fallback=1 "+tc.extra)
+			mc := newFakeCluster(t, 1, "max_replica_lag=2s max_fallback=1 "+tc.extra)
 			c := mc.c
 			var logged bytes.Buffer
 			c.SetLogger(slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug})))
@@ -357,7 +356,7 @@ func TestMaxFallbackFull(t *testing.T) {
 // A fallback read keeps its slot until its rows are closed; a read-only
 // transaction that falls back, until it ends.
 func TestFallbackSlotHeldUntilDone(t *testing.T) {
-	mc := newMockCluster(t, 1, "max_replica_lag=2s max_fallback=1 on_max_fallback=error")
+	mc := newFakeCluster(t, 1, "max_replica_lag=2s max_fallback=1 on_max_fallback=error")
 	c := mc.c
 	inUse := func() int64 { return c.over.fallback.inUse.Load() }
 
@@ -397,7 +396,7 @@ func TestFallbackSlotHeldUntilDone(t *testing.T) {
 	// Writes and hinted reads take no slot.
 	release := HoldFallbacks(c, 1)
 	defer release()
-	mc.primary.ExpectExec(insertSQL).WithArgs(1).WillReturnResult(sqlmock.NewResult(0, 1))
+	mc.primary.ExpectExec(insertSQL).WithArgs(1)
 	mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))
 	if _, err := mc.db.Exec(insertSQL, int64(1)); err != nil {
 		t.Fatal(err)
@@ -411,7 +410,7 @@ func TestFallbackSlotHeldUntilDone(t *testing.T) {
 // A replica that is unreachable is not a lag fallback: the read goes to
 // the primary even with max_fallback taken.
 func TestUnreachableIgnoresMaxFallback(t *testing.T) {
-	mc := newMockCluster(t, 1, "max_fallback=1 on_max_fallback=error")
+	mc := newFakeCluster(t, 1, "max_fallback=1 on_max_fallback=error")
 	release := HoldFallbacks(mc.c, 1)
 	defer release()
 	mc.c.topo.replicas[0].markDown()

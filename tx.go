@@ -181,7 +181,6 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 		cn.releaseFallback()
 		return nil, err
 	}
-	cn.primary.txOpen = true
 	cn.tx = &tx{cn: cn, b: cn.primary, inner: inner, ctx: ctx, opts: opts}
 	return cn.tx, nil
 }
@@ -335,7 +334,6 @@ func (t *tx) reopenOnPrimary() error {
 		cn.tx = nil
 		return err
 	}
-	cn.primary.txOpen = true
 	t.inner, t.b, t.onReplica = inner, cn.primary, false
 	return nil
 }
@@ -357,7 +355,6 @@ func (t *tx) end(f func() error, commit bool) error {
 	cn := t.cn
 	cn.tx = nil
 	defer cn.releaseFallback() // a read-only transaction that fell back to the primary
-	t.b.txOpen = false
 	if t.onReplica && !cn.c.cfg.ReadYourWrites {
 		err := f()
 		if t.tainted {
