@@ -140,7 +140,7 @@ func (c *Connector) freshPosition(ctx context.Context) (generation, lsn.LSN, err
 	if c.fresh.sent.After(start) {
 		return c.fresh.gen, c.fresh.lsn, nil
 	}
-	dc, err := c.dial(ctx, c.topo.primary)
+	dc, err := c.dial(ctx, c.topo.primary, forPosition)
 	if err != nil {
 		return generation{}, 0, err
 	}

@@ -345,7 +345,7 @@ func (c *Connector) askBatch(ctx context.Context, b *backend, names []string) *b
 	)
 	if b == nil {
 		var dc driver.Conn
-		if dc, err = c.dial(qctx, c.topo.primary); err == nil {
+		if dc, err = c.dial(qctx, c.topo.primary, forCatalog); err == nil {
 			b = newBackend(dc, c.topo.primary)
 		}
 	}

@@ -14,7 +14,7 @@ import (
 
 // newCatalogConnector returns a connector with one replica whose catalog
 // worker dials through dial instead of a server.
-func newCatalogConnector(t *testing.T, dial func(ctx context.Context, n *node) (driver.Conn, error)) *Connector {
+func newCatalogConnector(t *testing.T, dial func(ctx context.Context, n *node, why dialFor) (driver.Conn, error)) *Connector {
 	t.Helper()
 	cfg, err := ParseDSN("host=primary.invalid user=app replicas=replica.invalid")
 	if err != nil {
@@ -43,7 +43,7 @@ func TestCatalogFailureBackoff(t *testing.T) {
 		mu    sync.Mutex
 		dials []time.Time
 	)
-	c := newCatalogConnector(t, func(ctx context.Context, n *node) (driver.Conn, error) {
+	c := newCatalogConnector(t, func(ctx context.Context, n *node, why dialFor) (driver.Conn, error) {
 		if n.index >= 0 {
 			t.Errorf("catalog dialled replica %s", n.addr)
 		}
@@ -89,7 +89,7 @@ func TestCatalogPendingBoundAndClose(t *testing.T) {
 		started  = make(chan struct{})
 		once     sync.Once
 	)
-	c := newCatalogConnector(t, func(ctx context.Context, n *node) (driver.Conn, error) {
+	c := newCatalogConnector(t, func(ctx context.Context, n *node, why dialFor) (driver.Conn, error) {
 		dials.Add(1)
 		once.Do(func() { close(started) })
 		<-ctx.Done()
@@ -128,7 +128,7 @@ func TestCatalogPendingBoundAndClose(t *testing.T) {
 // The worker ends when idle and starts again for the next name.
 func TestCatalogIdleWorkerEnds(t *testing.T) {
 	var dials atomic.Int32
-	c := newCatalogConnector(t, func(ctx context.Context, n *node) (driver.Conn, error) {
+	c := newCatalogConnector(t, func(ctx context.Context, n *node, why dialFor) (driver.Conn, error) {
 		dials.Add(1)
 		return nil, errors.New("connection refused")
 	})
@@ -159,7 +159,7 @@ func TestCatalogIdleWorkerEnds(t *testing.T) {
 
 // Names no catalog can hold are writes at once, and never sent.
 func TestCatalogBadNames(t *testing.T) {
-	c := newCatalogConnector(t, func(ctx context.Context, n *node) (driver.Conn, error) {
+	c := newCatalogConnector(t, func(ctx context.Context, n *node, why dialFor) (driver.Conn, error) {
 		t.Error("dialled for a name no catalog holds")
 		return nil, errors.New("no")
 	})

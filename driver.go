@@ -93,7 +93,7 @@ type Connector struct {
 
 	// dial opens a backend connection; tests wrap it to fail or count
 	// dials.
-	dial func(ctx context.Context, n *node) (driver.Conn, error)
+	dial func(ctx context.Context, n *node, why dialFor) (driver.Conn, error)
 	// netHook, when set by tests, wraps each server connection under
 	// pgryw's wire layer (to count round trips).
 	netHook func(*pgconn.Config, net.Conn) net.Conn
@@ -390,7 +390,20 @@ func (s *clusterScope) release() {
 	}
 }
 
-func (c *Connector) dialServer(ctx context.Context, n *node) (driver.Conn, error) {
+// dialFor says what a server connection is opened for: tests that wrap
+// Connector.dial tell the monitor's from the reads' by it.
+type dialFor uint8
+
+const (
+	forConn     dialFor = iota // a Conn's primary or replica connection
+	forMonitor                 // the monitor's probe of a node
+	forPrimary                 // the monitor's look at the writer (its system identifier)
+	forSampler                 // max_replica_lag's primary sampler
+	forCatalog                 // the catalog worker
+	forPosition                // a fresh primary position (Session.TokenContext)
+)
+
+func (c *Connector) dialServer(ctx context.Context, n *node, _ dialFor) (driver.Conn, error) {
 	if n.index < 0 {
 		return c.primary.Connect(ctx)
 	}
@@ -400,7 +413,7 @@ func (c *Connector) dialServer(ctx context.Context, n *node) (driver.Conn, error
 // Connect implements driver.Connector. It opens the primary connection now;
 // replica connections are opened by the first read that needs each.
 func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
-	wc, err := c.dial(ctx, c.topo.primary)
+	wc, err := c.dial(ctx, c.topo.primary, forConn)
 	if err != nil {
 		return nil, err
 	}

@@ -252,11 +252,11 @@ func TestDownReplicaBackoff(t *testing.T) {
 			var probes []time.Time // the monitor's connection attempts while down
 			var readDials int      // reads' connection attempts while down
 			dial := c.dial
-			c.dial = func(ctx context.Context, n *node) (driver.Conn, error) {
+			c.dial = func(ctx context.Context, n *node, why dialFor) (driver.Conn, error) {
 				if n.index >= 0 {
 					mu.Lock()
 					if down {
-						if ctx.Value(probeKey{}) != nil {
+						if why == forMonitor {
 							probes = append(probes, time.Now())
 						} else {
 							readDials++
@@ -264,7 +264,7 @@ func TestDownReplicaBackoff(t *testing.T) {
 					}
 					mu.Unlock()
 				}
-				return dial(ctx, n)
+				return dial(ctx, n, why)
 			}
 			db := sql.OpenDB(c)
 			defer db.Close()

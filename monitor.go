@@ -84,14 +84,9 @@ func (c *Connector) Close() error {
 	return nil
 }
 
-// probeKey marks the monitor's contexts (tests tell its connections from
-// reads' by it).
-type probeKey struct{}
-
 func (c *Connector) runMonitor(ctx context.Context) {
 	defer close(c.mon.done)
 	defer c.startSampler(ctx)() // max_replica_lag's primary sampler, stopped with the monitor
-	ctx = context.WithValue(ctx, probeKey{}, true)
 	var wg sync.WaitGroup
 	for _, n := range c.topo.replicas {
 		wg.Add(1)
@@ -230,7 +225,7 @@ func (c *Connector) probeConn(ctx context.Context, n *node, b *backend) *backend
 	if b != nil {
 		b.close()
 	}
-	dc, err := c.dial(ctx, n)
+	dc, err := c.dial(ctx, n, forMonitor)
 	if err != nil {
 		if !errors.Is(ctx.Err(), context.Canceled) { // not the monitor stopping
 			n.probeFailed()
@@ -309,7 +304,7 @@ func (c *Connector) writerSystem(ctx context.Context) uint64 {
 	if last := c.sysAsked.Load(); now-last < int64(time.Second) || !c.sysAsked.CompareAndSwap(last, now) {
 		return 0
 	}
-	dc, err := c.dial(ctx, c.topo.primary)
+	dc, err := c.dial(ctx, c.topo.primary, forPrimary)
 	if err != nil {
 		return 0
 	}

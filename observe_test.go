@@ -228,11 +228,11 @@ func TestServedByRoutes(t *testing.T) {
 // an error to fail the dial, or nil to let it through.
 func (mc *fakeCluster) failingDial(f func(n *node) error) {
 	orig := mc.c.dial
-	mc.c.dial = func(ctx context.Context, n *node) (driver.Conn, error) {
+	mc.c.dial = func(ctx context.Context, n *node, why dialFor) (driver.Conn, error) {
 		if err := f(n); err != nil {
 			return nil, err
 		}
-		return orig(ctx, n)
+		return orig(ctx, n, why)
 	}
 }
 

@@ -41,7 +41,7 @@ func (cn *Conn) checkPrimary(ctx context.Context) error {
 		cn.pending = nil
 	}
 	cn.primary.close()
-	dc, err := cn.c.dial(ctx, cn.c.topo.primary)
+	dc, err := cn.c.dial(ctx, cn.c.topo.primary, forConn)
 	if err != nil {
 		return driver.ErrBadConn
 	}

@@ -28,7 +28,7 @@ func (cn *Conn) replica(ctx context.Context, n *node) (*backend, error) {
 		b.close()
 		cn.replicas[n.index] = nil
 	}
-	dc, err := cn.c.dial(ctx, n)
+	dc, err := cn.c.dial(ctx, n, forConn)
 	if err != nil {
 		return nil, err
 	}

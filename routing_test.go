@@ -96,12 +96,12 @@ func TestReplicaRefusalLearnsWrite(t *testing.T) {
 
 func TestUnreachableReplicaFallsBack(t *testing.T) {
 	mc := newFakeCluster(t, 1, "")
-	mc.c.dial = func(orig func(context.Context, *node) (driver.Conn, error)) func(context.Context, *node) (driver.Conn, error) {
-		return func(ctx context.Context, n *node) (driver.Conn, error) {
+	mc.c.dial = func(orig func(context.Context, *node, dialFor) (driver.Conn, error)) func(context.Context, *node, dialFor) (driver.Conn, error) {
+		return func(ctx context.Context, n *node, why dialFor) (driver.Conn, error) {
 			if n.index >= 0 {
 				return nil, errors.New("dial tcp: connection refused")
 			}
-			return orig(ctx, n)
+			return orig(ctx, n, why)
 		}
 	}(mc.c.dial)
 	mc.primary.ExpectQuery(selectSQL).WithArgs(7).WillReturnRows(valueRow(1))

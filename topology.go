@@ -386,7 +386,7 @@ func (c *Connector) samplePrimary(ctx context.Context, b *backend) *backend {
 	ctx, cancel := context.WithTimeout(ctx, monitorTimeout)
 	defer cancel()
 	if b == nil || b.closed() {
-		dc, err := c.dial(ctx, c.topo.primary)
+		dc, err := c.dial(ctx, c.topo.primary, forSampler)
 		if err != nil {
 			return nil
 		}
