@@ -6,12 +6,12 @@ GO ?= go
 # on FuzzLex in this repository). 200000 runs take 7-17 s a target here.
 FUZZTIME ?= 200000x
 
-.PHONY: readpath pgrywsqlx test test-pg19-emulated test-pg18 test-pgbouncer pgbouncer test-docker unit vet generate generate-check dockertest redisstore otel prometheus fuzz fuzz-all difftest ormcheck demo bench postgres check-long
+.PHONY: readpath allocs pgrywsqlx test test-pg19-emulated test-pg18 test-pgbouncer pgbouncer test-docker unit vet generate generate-check dockertest redisstore otel prometheus fuzz fuzz-all difftest ormcheck demo bench postgres check-long
 
 test: postgres pgbouncer vet
 	@./scripts/pg-version.sh "" "Debian's server: every test, with -race"
 	$(GO) test -race -count=1 ./...
-	$(MAKE) difftest ormcheck pgrywsqlx dockertest redisstore otel prometheus fuzz generate-check readpath
+	$(MAKE) difftest ormcheck pgrywsqlx dockertest redisstore otel prometheus fuzz generate-check readpath allocs
 	$(MAKE) test-pg19-emulated test-pg18 test-pgbouncer
 
 # The generated classifier table matches what the server says.
@@ -177,3 +177,8 @@ check-long: postgres
 # fake-server read; no PostgreSQL needed), held to TestReadPathFiles' bound.
 readpath:
 	./scripts/readpath.sh
+
+# The allocation tests, without -race (under it sync.Pool drops what it is
+# given, and counts mean nothing): pgryw allocates what pgx does.
+allocs:
+	$(GO) test -count=1 -run 'Allocs$$' .
