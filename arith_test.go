@@ -101,10 +101,26 @@ func TestLagAndETA(t *testing.T) {
 	if got := n.lag.Load(); got != 10*ms {
 		t.Fatalf("lag after reached %v, want 10ms", time.Duration(got))
 	}
-	// A stale measurement gives no ETA.
+	// Caught up with every position known, a fresh lag is kept (the next
+	// write's wait is predicted by it), within the bound the last position
+	// gives: the primary was there 20 ms ago.
+	topo.observe(n, 0, 200, now)
+	if got := n.lag.Load(); got != 10*ms {
+		t.Fatalf("lag after a caught-up poll %v, want 10ms kept", time.Duration(got))
+	}
+	topo.hist.add(300, now-ms, 1)
+	topo.observe(n, 0, 300, now)
+	if got := n.lag.Load(); got != ms {
+		t.Fatalf("lag after a caught-up poll %v, want 1ms (the primary was at 300 1 ms ago)", time.Duration(got))
+	}
+	// A stale measurement gives no ETA, and is not kept.
 	n.lagAt.Store(now - 2*lagFresh)
 	if _, ok := topo.eta(n, 200); ok {
 		t.Fatal("eta from a stale lag")
+	}
+	topo.observe(n, 0, 300, now)
+	if got := n.lag.Load(); got != 0 {
+		t.Fatalf("lag after a caught-up poll with a stale measurement %v, want 0", time.Duration(got))
 	}
 }
 
@@ -366,5 +382,39 @@ func TestWaitForMillis(t *testing.T) {
 		if sql := waitForSQL(1, c.budget); !strings.Contains(sql, fmt.Sprintf("TIMEOUT '%dms'", c.want)) {
 			t.Errorf("waitForSQL: %s", sql)
 		}
+	}
+}
+
+// pollAt aims between the lag's bounds while they are far apart, so each
+// wait narrows them, and at the upper one once they are close.
+func TestPollAtNarrowsTheLag(t *testing.T) {
+	var topo topology
+	n := &node{index: 0}
+	now := time.Now().UnixNano()
+	ms := int64(time.Millisecond)
+	topo.hist.add(100, now-5*ms, 1)
+	n.setLag(10*ms, now)
+	if at, ok := topo.pollAt(n, 100); !ok || at != now+5*ms {
+		t.Fatalf("pollAt with no upper bound = %v, %v; want the eta, 5ms from now", at-now, ok)
+	}
+	n.lagHigh.Store(20 * ms)
+	n.lagHighAt.Store(now)
+	if at, _ := topo.pollAt(n, 100); at != now+10*ms {
+		t.Fatalf("pollAt = now%+v; want halfway between the bounds, 10ms from now", time.Duration(at-now))
+	}
+	// A poll there finds it behind: the lower bound rises to 15 ms, and an
+	// upper bound under it would be dropped.
+	topo.hist.add(200, now-4*ms, 1)
+	topo.observe(n, 0, 100, now+10*ms)
+	if got := n.lag.Load(); got != 14*ms {
+		t.Fatalf("lag %v after a poll found it behind, want 14ms", time.Duration(got))
+	}
+	n.lagHigh.Store(14*ms + int64(lagSpread)/2)
+	if at, _ := topo.pollAt(n, 100); at != now-5*ms+14*ms+int64(lagSpread)/2 {
+		t.Fatalf("pollAt = now%+v; want the upper bound once the bounds are close", time.Duration(at-now))
+	}
+	topo.observe(n, 0, 100, now+30*ms)
+	if n.lagHighAt.Load() != 0 {
+		t.Fatal("an upper bound under a new lower bound is kept")
 	}
 }

@@ -253,14 +253,17 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 	if w.pooled && (a.b.noChain || w.method == WaitPolar || a.op.kind == opBegin) {
 		return waitUnchecked, nil
 	}
-	for i := 0; ; i++ {
-		var res waitResult
-		var err error
-		if i < pipelinedAttempts || w.serverWaits || w.pooled {
-			res, err = w.checkRead(ctx, a, wm)
-		} else {
-			res, err = w.pollRead(ctx, a, *wm)
+	first := 0
+	if w.farBehind(*wm) {
+		// The lag history says the replica is not there yet, by more than
+		// a read would take: a read sent now would be wasted. Wait first.
+		if res, again, err := w.pause(ctx, *wm, 0); !again {
+			return res, err
 		}
+		first = 1
+	}
+	for i := first; ; i++ {
+		res, err := w.try(ctx, a, wm, i)
 		if err != nil || res != waitBehind {
 			return res, err
 		}
@@ -269,6 +272,21 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 			return res, err
 		}
 	}
+}
+
+// try is the wait's try i: the read with its check in front for the first
+// pipelinedAttempts (or wherever the server waits, or the check must share
+// the read's transaction), a poll alone after, and the read alone once the
+// monitor saw the replica get there (waitList).
+func (w *waiting) try(ctx context.Context, a *attempt, wm *lsn.LSN, i int) (waitResult, error) {
+	switch {
+	case i > 0 && !w.serverWaits && a.b.node.knownReplayOn(a.b) >= *wm:
+		a.read()
+		return waitOK, nil
+	case i < pipelinedAttempts || w.serverWaits || w.pooled:
+		return w.checkRead(ctx, a, wm)
+	}
+	return w.pollRead(ctx, a, *wm)
 }
 
 // waiting is one pipelined wait on one replica: its method, its budget's
@@ -372,10 +390,39 @@ func (w *waiting) pause(ctx context.Context, wm lsn.LSN, i int) (res waitResult,
 		cn.c.stats.waits.Add(1)
 		cn.obs.waited = true
 	}
-	if err := ctxsleep.Sleep(ctx, min(cn.c.pollDelay(w.b.node, wm, i), left)); err != nil {
+	n := w.b.node
+	d := min(cn.c.pollDelay(n, wm, i), left)
+	if d >= followAfter {
+		// Long enough for the monitor's poll loop to do the polling, for
+		// every read waiting on n at once.
+		if followed, err := n.waiting.await(ctx, wm, left); err != nil {
+			return waitTimeout, false, err
+		} else if followed {
+			return 0, true, nil
+		}
+	}
+	if err := ctxsleep.Sleep(ctx, d); err != nil {
 		return waitTimeout, false, err
 	}
 	return 0, true, nil
+}
+
+// followAfter is the shortest pause a read leaves to the monitor's poll
+// loop (waitList) rather than polling on its own connection: shorter ones
+// are the retries on a replica about to get there, where a poll of the
+// read's own (or the read riding with its check) saves the hand-offs a
+// wake adds.
+const followAfter = time.Millisecond
+
+// farBehind reports that a polled replica is expected, by its measured
+// lag, to replay wm later than followAfter from now: the read waits before
+// it is sent.
+func (w *waiting) farBehind(wm lsn.LSN) bool {
+	if w.serverWaits || w.partial || wm == 0 {
+		return false
+	}
+	eta, ok := w.cn.c.topo.eta(w.b.node, wm)
+	return ok && time.Duration(eta-time.Now().UnixNano()) > followAfter
 }
 
 // checkedRead is pipelined, timed: a read sent with a catch-up check. A

@@ -3,9 +3,14 @@ package pgryw
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/pgryw/pgryw/internal/ctxsleep"
+	"github.com/pgryw/pgryw/internal/lsn"
 )
 
 // sqlSystem is pgryw's own statement for the node's system identifier.
@@ -27,7 +32,8 @@ const (
 // promoted replica (or the writer, among the writer's candidate hosts) is
 // seen not to be in recovery; it holds one connection per node and sends one
 // small query to each per interval (per notStandbyInterval to a node that
-// is not a standby, which may become one again). With read_your_writes off
+// is not a standby, which may become one again), and more often while reads
+// wait on the node (waitList): it polls for all of them. With read_your_writes off
 // it sends nothing to a healthy replica. Either way it probes a node that
 // failed (see node.markDown), after an exponential backoff, and brings it
 // back into reads when it answers: reads never connect to a node known to be
@@ -131,46 +137,121 @@ func (c *Connector) every() time.Duration {
 }
 
 // watch probes one node whenever it is due, until ctx ends, and logs what
-// changed about it.
+// changed about it. While reads wait on the node (waitList) it probes at
+// the cadence their nearest target needs, and wakes those it saw replayed.
 func (c *Connector) watch(ctx context.Context, n *node) {
-	var b *backend
-	defer func() {
-		if b != nil {
-			b.close()
-		}
-	}()
-	var last time.Time // the last probe
-	t := time.NewTimer(0)
-	defer t.Stop()
+	w := watcher{c: c, n: n, kick: n.waiting.follow(), t: time.NewTimer(0), due: time.Now()}
+	defer w.stop()
+	for w.sleep(ctx) {
+		probed := w.probe(ctx, time.Now())
+		c.noteHealth(n)
+		w.settle(probed)
+	}
+}
+
+// watcher is watch's state: the monitor's connection to its node, when it
+// probes next and why.
+type watcher struct {
+	c    *Connector
+	n    *node
+	b    *backend
+	last time.Time // the last probe
+	t    *time.Timer
+	due  time.Time     // when t fires
+	next time.Duration // the monitor's own interval to the next probe
+	soon time.Duration // the next probe is this close: slept precisely
+	kick <-chan struct{}
+}
+
+// stop closes the watcher's connection and wakes the reads still waiting.
+func (w *watcher) stop() {
+	w.t.Stop()
+	w.n.waiting.unfollow()
+	if w.b != nil {
+		w.b.close()
+	}
+}
+
+// sleep waits until the next probe is due; false when ctx ended.
+func (w *watcher) sleep(ctx context.Context) bool {
+	if w.soon > 0 {
+		// A Go timer would be late by up to a millisecond, which the
+		// waiting reads would wait on top (see ctxsleep).
+		return ctxsleep.Sleep(ctx, w.soon) == nil
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			return
-		case <-t.C:
+			return false
+		case <-w.t.C:
+			return true
+		case <-w.kick:
 		}
-		now := time.Now()
-		next := c.every()
-		switch {
-		case n.down.Load():
-			if wait := time.Duration(n.retryAt.Load() - now.UnixNano()); wait > 0 {
-				next = min(wait, next)
-				break
-			}
-			b, last = c.probe(ctx, n, b), now
-		case !c.cfg.ReadYourWrites && !c.topo.lag.on && !n.notStandby.Load():
-			// read_your_writes=off without max_replica_lag: nothing of
-			// pgryw's goes to a healthy replica.
-			if b != nil {
-				b.close()
-				b = nil
-			}
-		case n.notStandby.Load() && now.Sub(last) < notStandbyInterval:
-		default:
-			b, last = c.probe(ctx, n, b), now
+		// A read began waiting: probe when its target may be there, if
+		// that is sooner than planned.
+		wm, k, ok := w.n.waiting.nearest()
+		if !ok {
+			continue
 		}
-		c.noteHealth(n)
-		t.Reset(next)
+		d := w.c.pollDelay(w.n, wm, k)
+		if !time.Now().Add(d).Before(w.due) {
+			continue
+		}
+		if d < followAfter {
+			return ctxsleep.Sleep(ctx, d) == nil
+		}
+		w.due = time.Now().Add(d)
+		w.t.Reset(d)
 	}
+}
+
+// probe probes the node if it is due for one at now, and says whether it
+// did; w.next is the monitor's own interval to the next one.
+func (w *watcher) probe(ctx context.Context, now time.Time) (probed bool) {
+	c, n := w.c, w.n
+	w.next = c.every()
+	switch {
+	case n.down.Load():
+		if wait := time.Duration(n.retryAt.Load() - now.UnixNano()); wait > 0 {
+			w.next = min(wait, w.next)
+			return false
+		}
+	case !c.cfg.ReadYourWrites && !c.topo.lag.on && !n.notStandby.Load():
+		// read_your_writes=off without max_replica_lag: nothing of
+		// pgryw's goes to a healthy replica.
+		if w.b != nil {
+			w.b.close()
+			w.b = nil
+		}
+		return false
+	case n.notStandby.Load() && now.Sub(w.last) < notStandbyInterval:
+		return false
+	}
+	w.b, w.last = c.probe(ctx, n, w.b), now
+	return true
+}
+
+// settle wakes the reads waiting on the node that the probe saw through,
+// and sets when to probe next: at the monitor's interval, or sooner for
+// the reads still waiting.
+func (w *watcher) settle(probed bool) {
+	n := w.n
+	if probed {
+		n.waiting.polled()
+	}
+	// Reads waiting on a node that did not answer, or that is out of
+	// reads, are woken to find out for themselves.
+	out := w.b == nil || !n.usable(time.Now().UnixNano())
+	next := w.next
+	w.soon = 0
+	if wm, k, ok := n.waiting.wake(n.knownReplay(), out); ok {
+		next = min(next, w.c.pollDelay(n, wm, k))
+		if next < followAfter {
+			w.soon = next
+		}
+	}
+	w.due = time.Now().Add(next)
+	w.t.Reset(next)
 }
 
 // pooledProbes is how many probes the monitor sends over one connection to
@@ -321,4 +402,137 @@ func (c *Connector) writerSystem(ctx context.Context) uint64 {
 		}
 	}
 	return c.sysID.Load()
+}
+
+// waitList is the reads waiting for one replica to replay their watermarks
+// by polling (before PostgreSQL 19, whose WAIT FOR sleeps on the server).
+// The monitor's goroutine for the node polls for all of them, at the cadence
+// the lag history predicts for the nearest target, and wakes each one whose
+// target it saw replayed: one poll loop per replica, however many reads
+// wait on it. A read woken this way reads without a check when the
+// position was seen on the server instance its own connection reaches
+// (node.knownReplayOn); any other wake is news for it to check itself.
+type waitList struct {
+	mu        sync.Mutex
+	list      []*replayWaiter
+	kick      chan struct{} // a read began waiting: the monitor resets its timer
+	polls     int           // the monitor's polls since the list was last empty
+	following atomic.Bool   // the node's monitor goroutine runs
+}
+
+// replayWaiter is one read in a waitList.
+type replayWaiter struct {
+	target lsn.LSN
+	woken  chan struct{} // receives once, when the read is woken
+}
+
+// follow says the node's monitor goroutine runs from now on, and returns
+// the channel on which waiting reads kick it.
+func (w *waitList) follow() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.kick == nil {
+		w.kick = make(chan struct{}, 1)
+	}
+	w.following.Store(true)
+	return w.kick
+}
+
+// unfollow says the monitor goroutine has stopped, and wakes every read
+// still waiting.
+func (w *waitList) unfollow() {
+	w.following.Store(false)
+	w.wake(0, true)
+}
+
+// await waits until the monitor wakes the read, for at most d: it saw the
+// replica replay target, or has news of the node (a failed probe, no longer
+// a standby, left out of reads). followed is false at once when no monitor
+// goroutine follows the node: the caller polls on its own then.
+func (w *waitList) await(ctx context.Context, target lsn.LSN, d time.Duration) (followed bool, err error) {
+	if !w.following.Load() {
+		return false, nil
+	}
+	r := &replayWaiter{target: target, woken: make(chan struct{}, 1)}
+	w.mu.Lock()
+	w.list = append(w.list, r)
+	kick := w.kick
+	w.mu.Unlock()
+	if !w.following.Load() {
+		// Stopped meanwhile (unfollow stores false before it wakes the
+		// list): nothing may wake r.
+		w.remove(r)
+		return false, nil
+	}
+	select {
+	case kick <- struct{}{}:
+	default:
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.woken:
+		return true, nil
+	case <-t.C:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	w.remove(r)
+	return true, err
+}
+
+func (w *waitList) remove(r *replayWaiter) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if i := slices.Index(w.list, r); i >= 0 {
+		w.list = slices.Delete(w.list, i, i+1)
+	}
+}
+
+// wake wakes the reads whose targets are at or below replay, or all of
+// them, and returns the nearest target of those left waiting.
+func (w *waitList) wake(replay lsn.LSN, all bool) (nearest lsn.LSN, polls int, waiting bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keep := w.list[:0]
+	for _, r := range w.list {
+		if all || r.target <= replay {
+			r.woken <- struct{}{}
+			continue
+		}
+		if len(keep) == 0 || r.target < nearest {
+			nearest = r.target
+		}
+		keep = append(keep, r)
+	}
+	clear(w.list[len(keep):])
+	woke := len(keep) < len(w.list)
+	w.list = keep
+	if woke {
+		w.polls = 0 // the replica moves: poll at the nearest target's pace again
+	}
+	if len(keep) == 0 {
+		return 0, 0, false
+	}
+	return nearest, w.polls, true
+}
+
+// nearest returns the nearest target waited for, and the monitor's polls
+// for the list so far.
+func (w *waitList) nearest() (nearest lsn.LSN, polls int, waiting bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, r := range w.list {
+		if i == 0 || r.target < nearest {
+			nearest = r.target
+		}
+	}
+	return nearest, w.polls, len(w.list) > 0
+}
+
+// polled counts one of the monitor's polls for the list.
+func (w *waitList) polled() {
+	w.mu.Lock()
+	w.polls++
+	w.mu.Unlock()
 }

@@ -40,7 +40,14 @@ type node struct {
 	foreign atomic.Bool
 	lag     atomic.Int64 // lower bound on replay lag, ns (see history)
 	lagAt   atomic.Int64 // when lag was measured, unix ns; 0 = never
-	waits   atomic.Int64 // reads waiting on this replica (max_waits, overload.go)
+	// lagHigh is an upper bound on the lag, ns, measured at lagHighAt
+	// (0: none holds): where pollAt aims.
+	lagHigh   atomic.Int64
+	lagHighAt atomic.Int64
+	waits     atomic.Int64 // reads waiting on this replica (max_waits, overload.go)
+	// waiting is the reads that wait for it to replay their watermarks
+	// by polling: the monitor polls for them (monitor.go).
+	waiting waitList
 	// fastFails counts fast-path captures (backend.injectCapture) left
 	// unanswered by a connection that broke, since the last one answered.
 	// An error answer, or fastCaptureTries of those, turns the node's fast

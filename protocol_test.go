@@ -1446,3 +1446,91 @@ func TestProtocolServedByWatermark(t *testing.T) {
 		t.Errorf("second read: watermark %X, checked %v; want %X, false", second.Watermark, second.Checked, want)
 	}
 }
+
+// Reads waiting for a replica to replay their watermark share one poll
+// loop, the monitor's: after a few tries each with its own check in front
+// (for a replica about to get there), a read leaves the polling to the
+// monitor's connection, which wakes it when the replica got there; it then
+// reads without a check. Without the shared loop every waiting read polls
+// on its own connection every few milliseconds, so the replica's polls grow
+// with the waiting reads.
+func TestProtocolWaitingReadsShareOnePoll(t *testing.T) {
+	const (
+		readers = 8
+		// A read's own polls: pgryw's pipelinedAttempts tries with the read
+		// riding along, then polls alone backing off from 20 µs until a
+		// pause reaches 1 ms (followAfter): at most 11, however long the
+		// wait. Polling on its own up to 5 ms apart, a read waiting 150
+		// ms would poll about 40 times.
+		ownPolls = 12
+		lag      = 150 * time.Millisecond
+	)
+	pc := newProtoCluster(t, "15.4", "wait_timeout=2s")
+	pc.db.SetMaxOpenConns(readers + 1)
+	warmReplica(t, pc)
+	pc.r.mu.Lock()
+	pc.r.replay = protoBehind
+	reads0 := pc.r.reads
+	pc.r.mu.Unlock()
+	time.AfterFunc(lag, func() {
+		pc.r.mu.Lock()
+		pc.r.replay = protoLSN
+		pc.r.mu.Unlock()
+	})
+	seen := map[*pgfake.Conn]int{}
+	for _, c := range pc.replica.Conns() {
+		seen[c] = len(c.Batches())
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, readers)
+	for range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var v string
+			if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
+				errs <- fmt.Errorf("read: %q, %v; want the replayed row", v, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if d := time.Since(start); d < lag {
+		t.Fatalf("reads returned after %v, before the replica got there (%v)", d, lag)
+	}
+	polls, monitor := 0, 0
+	for _, c := range pc.replica.Conns() {
+		bs := c.Batches()
+		pool := false
+		for _, b := range bs {
+			for _, m := range b.Msgs {
+				_, bind := m.(*pgproto3.Bind)
+				pool = pool || bind
+			}
+		}
+		for _, b := range bs[seen[c]:] {
+			if !executes(c, b, protoPoll) {
+				continue
+			}
+			if pool {
+				polls++
+			} else {
+				monitor++
+			}
+		}
+	}
+	pc.r.mu.Lock()
+	reads := pc.r.reads - reads0
+	pc.r.mu.Unlock()
+	t.Logf("%d reads waited %v: %d polls on their connections, %d on the monitor's, %d executions of the read", readers, lag, polls, monitor, reads)
+	if max := readers * ownPolls; polls > max {
+		t.Errorf("the waiting reads polled %d times on their own connections, want at most %d (%d each): they poll on their own", polls, max, ownPolls)
+	}
+	if max := readers * 5; reads > max {
+		t.Errorf("the read ran %d times, want at most %d (4 riding with a check, once after)", reads, max)
+	}
+}

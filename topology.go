@@ -2,6 +2,7 @@ package pgryw
 
 import (
 	"context"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,14 +176,41 @@ func (h *history) firstAfter(l lsn.LSN, strict bool) (int64, bool) {
 	return h.at[(h.head+lo)%historySize], true
 }
 
-// observe records that n had replayed p at time t and updates its lag.
+// lastAtOrBefore returns the time the primary was last seen at or before l,
+// and false when it never was (as far as we know).
+func (h *history) lastAtOrBefore(l lsn.LSN) (int64, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	past := sort.Search(h.n, func(i int) bool { return h.lsn[(h.head+i)%historySize] > uint64(l) })
+	if past == 0 {
+		return 0, false
+	}
+	return h.at[(h.head+past-1)%historySize], true
+}
+
+// observe records that n had replayed p at time t and updates its lag
+// bounds. Behind a position the primary was seen past, the lag is at least
+// the time since (an upper bound below that no longer holds). Caught up
+// with every position known, it was at most the time since the primary was
+// last seen at or before p. Fresh bounds are kept, each within the other:
+// they are what predicts the next write's wait (with a write every 50 ms on
+// a replica 50 ms behind, every poll that finds it caught up would
+// otherwise say 0).
 func (t *topology) observe(n *node, inst uint64, p lsn.LSN, at int64) {
 	n.sawReplay(p, inst)
 	if T, ok := t.hist.firstAfter(p, true); ok && at > T {
-		n.setLag(at-T, at)
-	} else {
-		n.setLag(0, at)
+		lb := at - T
+		if n.lagHigh.Load() < lb {
+			n.lagHighAt.Store(0)
+		}
+		n.setLag(lb, at)
+		return
 	}
+	if T, ok := t.hist.lastAtOrBefore(p); ok {
+		n.bound(max(at-T, 0), at)
+		return
+	}
+	n.setLag(0, at)
 }
 
 // reached records that n was seen at or past target at time at (a wait
@@ -191,16 +219,63 @@ func (t *topology) observe(n *node, inst uint64, p lsn.LSN, at int64) {
 func (t *topology) reached(n *node, inst uint64, target lsn.LSN, at int64) {
 	n.sawReplay(target, inst)
 	if T, ok := t.hist.firstAfter(target, false); ok {
-		if ub := at - T; ub < n.lag.Load() {
-			n.setLag(max(ub, 0), at)
-		}
+		n.bound(max(at-T, 0), at)
 	}
+}
+
+// bound records ub, measured at at, as an upper bound on n's lag: the least
+// fresh one is kept, and the lower bound brought under it (0 unless fresh
+// and at least followAfter).
+func (n *node) bound(ub, at int64) {
+	if hiAt := n.lagHighAt.Load(); hiAt != 0 && at-hiAt <= lagFresh {
+		ub = min(ub, n.lagHigh.Load())
+	}
+	n.lagHigh.Store(ub)
+	n.lagHighAt.Store(at)
+	lag := int64(0)
+	if lagAt := n.lagAt.Load(); lagAt != 0 && at-lagAt <= lagFresh {
+		lag = min(n.lag.Load(), ub)
+	}
+	if lag < int64(followAfter) {
+		// Under a millisecond: a read's own retries do the waiting, from
+		// the eta the primary's position gives alone.
+		lag = 0
+	}
+	n.setLag(lag, at)
 }
 
 func (n *node) setLag(d, at int64) {
 	n.lag.Store(d)
 	n.lagAt.Store(at)
 }
+
+// pollAt returns when to ask n whether it has replayed wm: between the
+// earliest it can be there (eta) and the latest its fresh upper bound on
+// the lag says, halfway while they are further apart than lagSpread, so
+// that each wait narrows them (a poll that finds it behind raises the lower
+// bound, one that finds it there lowers the upper), and at the upper bound
+// once they are that close, where one poll finds it. Under followAfter of
+// lag it is the eta: such waits are the read's own retries. ok is false
+// without a fresh lag or a known time for wm.
+func (t *topology) pollAt(n *node, wm lsn.LSN) (at int64, ok bool) {
+	eta, ok := t.eta(n, wm)
+	if !ok {
+		return 0, false
+	}
+	lo := n.lag.Load()
+	hi, hiAt := n.lagHigh.Load(), n.lagHighAt.Load()
+	if hiAt == 0 || time.Now().UnixNano()-hiAt > lagFresh || hi < lo || hi < int64(followAfter) {
+		return eta, true
+	}
+	if hi-lo > int64(lagSpread) {
+		return eta + (hi-lo)/2, true
+	}
+	return eta + hi - lo, true
+}
+
+// lagSpread is how close pollAt brings the lag's bounds before it polls at
+// the upper one: a read waits at most this much longer than it must.
+const lagSpread = 200 * time.Microsecond
 
 // eta returns when n is expected to have replayed wm, by its last measured
 // lag: wm was first seen on the primary at T, so n gets there at about T+lag
@@ -336,19 +411,11 @@ func (s *primarySamples) latest() (lsn.LSN, int64, bool) {
 func (s *primarySamples) atOrBelow(p lsn.LSN) (int64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	lo, hi := 0, s.n // find the first entry above p
-	for lo < hi {
-		mid := (lo + hi) / 2
-		if s.lsn[(s.head+mid)%sampleRing] > p {
-			hi = mid
-		} else {
-			lo = mid + 1
-		}
-	}
-	if lo == 0 {
+	above := sort.Search(s.n, func(i int) bool { return s.lsn[(s.head+i)%sampleRing] > p })
+	if above == 0 {
 		return 0, false
 	}
-	return s.at[(s.head+lo-1)%sampleRing], true
+	return s.at[(s.head+above-1)%sampleRing], true
 }
 
 // startSampler starts the primary sampler when max_replica_lag is set, and

@@ -121,11 +121,14 @@ func (c *Connector) waitForAnswer(b *backend, row []string, target lsn.LSN) (wai
 // replica the position arrives within a millisecond, and stay short, because
 // every millisecond of overshoot is added to the read. When the replica's lag
 // has been measured, the first poll waits until the replica is expected to be
-// there, but at least pollSoonest. (Sleeps this short are taken with
-// nanosleep, late by ~55 µs, not a Go timer, late by ~1 ms: see ctxsleep.)
-// Measured on loopback (BENCHMARKS.md), a first retry after 100 µs put the
-// read after a write at 1.15–1.25× the spin floor, against 1.30× after
-// 200 µs; retrying at once costs twice the replica statements.
+// there; the estimate is a lower bound, so the answer is near: the first
+// retries ask at pollSoonest, and later ones back off from there (a replica
+// paused or slowed down would otherwise be asked every few microseconds for
+// as long as the budget lasts). (Sleeps this short are taken with nanosleep, late by ~55 µs, not a
+// Go timer, late by ~1 ms: see ctxsleep.) Measured on loopback
+// (BENCHMARKS.md), a first retry after 100 µs put the read after a write at
+// 1.15–1.25× the spin floor, against 1.30× after 200 µs; retrying at once
+// costs twice the replica statements.
 const (
 	pollFirst   = 100 * time.Microsecond
 	pollSoonest = 20 * time.Microsecond
@@ -134,17 +137,29 @@ const (
 
 // pollDelay is how long to wait before asking replica n again, after
 // attempt earlier tries, whether it has replayed wm. With a measured lag it
-// sleeps until the replica is expected there and then asks at the shortest
-// interval (the estimate is a lower bound, so the answer is near); without
-// one it backs off exponentially up to pollMax.
+// sleeps until the replica is expected there (pollAt), and once that is
+// past asks at pollSoonest for pipelinedAttempts tries, then backs off
+// exponentially from it; without one it backs off from pollFirst. Either
+// way up to pollMax.
 func (c *Connector) pollDelay(n *node, wm lsn.LSN, attempt int) time.Duration {
-	if eta, ok := c.topo.eta(n, wm); ok {
-		return max(time.Duration(eta-time.Now().UnixNano()), pollSoonest)
+	first := pollFirst
+	if at, ok := c.topo.pollAt(n, wm); ok {
+		if d := time.Duration(at - time.Now().UnixNano()); d > pollSoonest {
+			return d
+		}
+		first = pollSoonest
 	}
-	if attempt >= 8 {
+	k := attempt
+	if first == pollSoonest {
+		// Past the eta: the first pipelinedAttempts retries ask at the
+		// shortest interval, later ones back off (handed to the
+		// monitor's poll loop, waitList, from followAfter).
+		k = max(attempt-pipelinedAttempts+1, 0)
+	}
+	if k >= 16 {
 		return pollMax
 	}
-	return min(pollFirst<<attempt, pollMax)
+	return min(first<<k, pollMax)
 }
 
 // pollOnce asks replica b once whether it has replayed target.
