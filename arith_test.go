@@ -6,6 +6,7 @@ package pgryw
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -385,9 +386,9 @@ func TestWaitForMillis(t *testing.T) {
 	}
 }
 
-// pollAt aims between the lag's bounds while they are far apart, so each
-// wait narrows them, and at the upper one once they are close.
-func TestPollAtNarrowsTheLag(t *testing.T) {
+// pollAt aims at the eta, or at the lag's upper bound once the bounds are
+// close; bounds from polls replace weaker ones only when they contradict.
+func TestPollAtAndLagBounds(t *testing.T) {
 	var topo topology
 	n := &node{index: 0}
 	now := time.Now().UnixNano()
@@ -395,26 +396,90 @@ func TestPollAtNarrowsTheLag(t *testing.T) {
 	topo.hist.add(100, now-5*ms, 1)
 	n.setLag(10*ms, now)
 	if at, ok := topo.pollAt(n, 100); !ok || at != now+5*ms {
-		t.Fatalf("pollAt with no upper bound = %v, %v; want the eta, 5ms from now", at-now, ok)
+		t.Fatalf("pollAt with no upper bound = now%+v, %v; want the eta, 5ms from now", time.Duration(at-now), ok)
 	}
 	n.lagHigh.Store(20 * ms)
 	n.lagHighAt.Store(now)
-	if at, _ := topo.pollAt(n, 100); at != now+10*ms {
-		t.Fatalf("pollAt = now%+v; want halfway between the bounds, 10ms from now", time.Duration(at-now))
+	if at, _ := topo.pollAt(n, 100); at != now+5*ms {
+		t.Fatalf("pollAt = now%+v; want the eta while the bounds are far apart", time.Duration(at-now))
 	}
-	// A poll there finds it behind: the lower bound rises to 15 ms, and an
-	// upper bound under it would be dropped.
+	// A poll finds it behind: the lower bound rises to 14 ms, the upper
+	// comes down to the poll's 15 ms.
 	topo.hist.add(200, now-4*ms, 1)
 	topo.observe(n, 0, 100, now+10*ms)
-	if got := n.lag.Load(); got != 14*ms {
-		t.Fatalf("lag %v after a poll found it behind, want 14ms", time.Duration(got))
+	if lo, hi := n.lag.Load(), n.lagHigh.Load(); lo != 14*ms || hi != 15*ms {
+		t.Fatalf("bounds %v..%v after a poll found it behind, want 14ms..15ms", time.Duration(lo), time.Duration(hi))
 	}
 	n.lagHigh.Store(14*ms + int64(lagSpread)/2)
 	if at, _ := topo.pollAt(n, 100); at != now-5*ms+14*ms+int64(lagSpread)/2 {
 		t.Fatalf("pollAt = now%+v; want the upper bound once the bounds are close", time.Duration(at-now))
 	}
+	// A poll finding it behind by more than the upper bound replaces it
+	// with its own: the primary was at 100 35 ms before.
 	topo.observe(n, 0, 100, now+30*ms)
-	if n.lagHighAt.Load() != 0 {
-		t.Fatal("an upper bound under a new lower bound is kept")
+	if got := n.lagHigh.Load(); got != 35*ms {
+		t.Fatalf("upper bound %v after a lower bound above it, want the poll's own 35ms", time.Duration(got))
+	}
+	// Caught up, a weaker lower bound does not replace a fresh one, nor a
+	// weaker upper bound a fresh one.
+	topo.observe(n, 0, 200, now+31*ms)
+	if lo, hi := n.lag.Load(), n.lagHigh.Load(); lo != 34*ms || hi != 35*ms {
+		t.Fatalf("bounds %v..%v, want 34ms..35ms kept", time.Duration(lo), time.Duration(hi))
+	}
+}
+
+// A waitList wakes the reads whose targets were replayed and keeps the
+// others, counts the monitor's polls only while reads wait, and wakes
+// everything when the monitor stops; with no monitor following, a read is
+// told at once to poll on its own.
+func TestWaitList(t *testing.T) {
+	var w waitList
+	ctx := context.Background()
+	if followed, _ := w.await(ctx, 10, time.Second); followed {
+		t.Fatal("await with no monitor following: followed")
+	}
+	kick := w.follow()
+	w.polled() // nobody waits: not counted
+	done := make(chan lsn.LSN, 2)
+	for _, target := range []lsn.LSN{10, 20} {
+		go func() {
+			if followed, err := w.await(ctx, target, 10*time.Second); !followed || err != nil {
+				t.Errorf("await(%v): %v, %v", target, followed, err)
+			}
+			done <- target
+		}()
+	}
+	for range 2 {
+		<-kick
+	}
+	for {
+		if _, _, n := w.nearest(); n {
+			w.mu.Lock()
+			k := len(w.list)
+			w.mu.Unlock()
+			if k == 2 {
+				break
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	w.polled()
+	w.polled()
+	if nearest, polls, ok := w.wake(15, false); !ok || nearest != 20 || polls != 0 {
+		t.Fatalf("wake(15) = %v, %d, %v; want 20 left, polls reset by the wake", nearest, polls, ok)
+	}
+	if got := <-done; got != 10 {
+		t.Fatalf("woken: %v, want 10", got)
+	}
+	w.polled()
+	if _, polls, _ := w.nearest(); polls != 1 {
+		t.Fatalf("polls %d, want 1", polls)
+	}
+	w.unfollow()
+	if got := <-done; got != 20 {
+		t.Fatalf("woken by unfollow: %v, want 20", got)
+	}
+	if _, _, ok := w.nearest(); ok {
+		t.Fatal("reads left waiting after unfollow")
 	}
 }

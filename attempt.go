@@ -299,6 +299,7 @@ type waiting struct {
 	pooled      bool // behind a transaction pooler
 	held, over  bool // a max_waits place is held; none was free
 	partial     bool // the connection's own capture is still on its way
+	start       time.Time
 	deadline    time.Time
 }
 
@@ -315,7 +316,8 @@ func (cn *Conn) startWait(ctx context.Context, b *backend, partial bool) waiting
 			w.method, w.serverWaits = WaitPoll, false
 		}
 	}
-	w.deadline = time.Now().Add(budget)
+	w.start = time.Now()
+	w.deadline = w.start.Add(budget)
 	return w
 }
 
@@ -392,7 +394,7 @@ func (w *waiting) pause(ctx context.Context, wm lsn.LSN, i int) (res waitResult,
 	}
 	n := w.b.node
 	d := min(cn.c.pollDelay(n, wm, i), left)
-	if d >= followAfter {
+	if d >= followAfter || time.Since(w.start) >= lagSteady {
 		// Long enough for the monitor's poll loop to do the polling, for
 		// every read waiting on n at once.
 		if followed, err := n.waiting.await(ctx, wm, left); err != nil {
@@ -408,21 +410,21 @@ func (w *waiting) pause(ctx context.Context, wm lsn.LSN, i int) (res waitResult,
 }
 
 // followAfter is the shortest pause a read leaves to the monitor's poll
-// loop (waitList) rather than polling on its own connection: shorter ones
-// are the retries on a replica about to get there, where a poll of the
-// read's own (or the read riding with its check) saves the hand-offs a
-// wake adds.
+// loop (waitList) rather than polling on its own connection, as it does
+// once it has waited lagSteady: before, its retries are on a replica about
+// to get there, where a poll of its own (or the read riding with its
+// check) saves the round trip and hand-offs a wake adds.
 const followAfter = time.Millisecond
 
 // farBehind reports that a polled replica is expected, by its measured
-// lag, to replay wm later than followAfter from now: the read waits before
+// lag, to replay wm later than lagSteady from now: the read waits before
 // it is sent.
 func (w *waiting) farBehind(wm lsn.LSN) bool {
 	if w.serverWaits || w.partial || wm == 0 {
 		return false
 	}
 	eta, ok := w.cn.c.topo.eta(w.b.node, wm)
-	return ok && time.Duration(eta-time.Now().UnixNano()) > followAfter
+	return ok && time.Duration(eta-time.Now().UnixNano()) > lagSteady
 }
 
 // checkedRead is pipelined, timed: a read sent with a catch-up check. A

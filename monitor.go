@@ -184,6 +184,11 @@ func (w *watcher) sleep(ctx context.Context) bool {
 		case <-ctx.Done():
 			return false
 		case <-w.t.C:
+			// The timer was set early by timerSlack: the rest is slept
+			// precisely.
+			if rest := time.Until(w.due); rest > 0 {
+				return ctxsleep.Sleep(ctx, rest) == nil
+			}
 			return true
 		case <-w.kick:
 		}
@@ -193,16 +198,29 @@ func (w *watcher) sleep(ctx context.Context) bool {
 		if !ok {
 			continue
 		}
-		d := w.c.pollDelay(w.n, wm, k)
+		d := w.c.followDelay(w.n, wm, k)
 		if !time.Now().Add(d).Before(w.due) {
 			continue
 		}
 		if d < followAfter {
 			return ctxsleep.Sleep(ctx, d) == nil
 		}
-		w.due = time.Now().Add(d)
-		w.t.Reset(d)
+		w.reset(d)
 	}
+}
+
+// timerSlack is how much earlier than due the watcher's timer is set: a Go
+// timer fires up to about a millisecond late, which every read waiting on
+// the node would wait on top; the rest is slept precisely (ctxsleep).
+const timerSlack = time.Millisecond
+
+// reset makes the next probe due in d.
+func (w *watcher) reset(d time.Duration) {
+	w.due = time.Now().Add(d)
+	if d > 2*timerSlack {
+		d -= timerSlack
+	}
+	w.t.Reset(d)
 }
 
 // probe probes the node if it is due for one at now, and says whether it
@@ -245,13 +263,12 @@ func (w *watcher) settle(probed bool) {
 	next := w.next
 	w.soon = 0
 	if wm, k, ok := n.waiting.wake(n.knownReplay(), out); ok {
-		next = min(next, w.c.pollDelay(n, wm, k))
+		next = min(next, w.c.followDelay(n, wm, k))
 		if next < followAfter {
 			w.soon = next
 		}
 	}
-	w.due = time.Now().Add(next)
-	w.t.Reset(next)
+	w.reset(next)
 }
 
 // pooledProbes is how many probes the monitor sends over one connection to
@@ -416,7 +433,7 @@ type waitList struct {
 	mu        sync.Mutex
 	list      []*replayWaiter
 	kick      chan struct{} // a read began waiting: the monitor resets its timer
-	polls     int           // the monitor's polls since the list was last empty
+	polls     int           // the monitor's polls for the reads waiting, since one was woken or the first came
 	following atomic.Bool   // the node's monitor goroutine runs
 }
 
@@ -455,6 +472,9 @@ func (w *waitList) await(ctx context.Context, target lsn.LSN, d time.Duration) (
 	}
 	r := &replayWaiter{target: target, woken: make(chan struct{}, 1)}
 	w.mu.Lock()
+	if len(w.list) == 0 {
+		w.polls = 0
+	}
 	w.list = append(w.list, r)
 	kick := w.kick
 	w.mu.Unlock()
@@ -530,9 +550,11 @@ func (w *waitList) nearest() (nearest lsn.LSN, polls int, waiting bool) {
 	return nearest, w.polls, len(w.list) > 0
 }
 
-// polled counts one of the monitor's polls for the list.
+// polled counts one of the monitor's polls for the reads waiting.
 func (w *waitList) polled() {
 	w.mu.Lock()
-	w.polls++
+	if len(w.list) > 0 {
+		w.polls++
+	}
 	w.mu.Unlock()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"time"
 
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
@@ -165,6 +166,18 @@ func (cn *Conn) planForBegin(ctx context.Context, opts driver.TxOptions) plan {
 		pinned:       cn.pins != 0,
 		inBlock:      !cn.primary.idle(),
 	})
+}
+
+// budget is how long a read may wait for a replica: wait_timeout, or what is
+// left of the caller's deadline if that is sooner.
+func (c *Connector) budget(ctx context.Context) time.Duration {
+	budget := c.cfg.WaitTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left < budget {
+			budget = left
+		}
+	}
+	return budget
 }
 
 type ctxKey int

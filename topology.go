@@ -188,29 +188,25 @@ func (h *history) lastAtOrBefore(l lsn.LSN) (int64, bool) {
 	return h.at[(h.head+past-1)%historySize], true
 }
 
-// observe records that n had replayed p at time t and updates its lag
-// bounds. Behind a position the primary was seen past, the lag is at least
-// the time since (an upper bound below that no longer holds). Caught up
-// with every position known, it was at most the time since the primary was
-// last seen at or before p. Fresh bounds are kept, each within the other:
-// they are what predicts the next write's wait (with a write every 50 ms on
-// a replica 50 ms behind, every poll that finds it caught up would
-// otherwise say 0).
+// observe records that n had replayed p at time at, and what that says of
+// its lag: if the primary was first seen past p at T, the replica is at
+// least at−T behind; if it was last seen at or before p at T', at most
+// at−T' (it has replayed that). A lower bound is kept until a higher one
+// or a contradicting upper bound comes, an upper bound until a lower one
+// or a contradicting lower bound does, each for lagFresh after the last
+// poll it was consistent with. With writes every few milliseconds on a replica 50 ms
+// behind, the bounds from many polls close in on the lag, which is what
+// predicts the next write's wait (pollAt).
 func (t *topology) observe(n *node, inst uint64, p lsn.LSN, at int64) {
 	n.sawReplay(p, inst)
+	lb, ub := int64(-1), int64(-1)
 	if T, ok := t.hist.firstAfter(p, true); ok && at > T {
-		lb := at - T
-		if n.lagHigh.Load() < lb {
-			n.lagHighAt.Store(0)
-		}
-		n.setLag(lb, at)
-		return
+		lb = at - T
 	}
 	if T, ok := t.hist.lastAtOrBefore(p); ok {
-		n.bound(max(at-T, 0), at)
-		return
+		ub = max(at-T, 0)
 	}
-	n.setLag(0, at)
+	n.bounds(lb, ub, at)
 }
 
 // reached records that n was seen at or past target at time at (a wait
@@ -219,63 +215,79 @@ func (t *topology) observe(n *node, inst uint64, p lsn.LSN, at int64) {
 func (t *topology) reached(n *node, inst uint64, target lsn.LSN, at int64) {
 	n.sawReplay(target, inst)
 	if T, ok := t.hist.firstAfter(target, false); ok {
-		n.bound(max(at-T, 0), at)
+		n.bounds(-1, max(at-T, 0), at)
 	}
 }
 
-// bound records ub, measured at at, as an upper bound on n's lag: the least
-// fresh one is kept, and the lower bound brought under it (0 unless fresh
-// and at least followAfter).
-func (n *node) bound(ub, at int64) {
-	if hiAt := n.lagHighAt.Load(); hiAt != 0 && at-hiAt <= lagFresh {
-		ub = min(ub, n.lagHigh.Load())
+// bounds takes in a lower bound lb and an upper bound ub on n's lag (-1:
+// none) measured at at, as observe says. A lag of lagSteady or more is
+// kept while the bounds allow it, even by a replica caught up with every
+// position known (no lower bound); a shorter one is the latest lower
+// bound, or 0 when caught up.
+func (n *node) bounds(lb, ub, at int64) {
+	lo, loOK := n.lag.Load(), fresh(n.lagAt.Load(), at)
+	hi, hiOK := n.lagHigh.Load(), fresh(n.lagHighAt.Load(), at)
+	steady := loOK && lo >= int64(lagSteady)
+	switch {
+	case lb >= 0 && (!steady || lb >= lo || ub >= 0 && lo > ub):
+		n.setLag(lb, at)
+	case ub >= 0 && loOK && lo > ub:
+		n.setLag(ub, at) // the lag shrank: about ub now
+	case !steady:
+		n.setLag(0, at)
+	default:
+		n.setLag(lo, at) // still holds: measured again
 	}
-	n.lagHigh.Store(ub)
-	n.lagHighAt.Store(at)
-	lag := int64(0)
-	if lagAt := n.lagAt.Load(); lagAt != 0 && at-lagAt <= lagFresh {
-		lag = min(n.lag.Load(), ub)
+	switch {
+	case ub >= 0 && (!hiOK || ub <= hi || lb >= 0 && hi < lb):
+		n.lagHigh.Store(ub)
+		n.lagHighAt.Store(at)
+	case lb >= 0 && hiOK && hi < lb:
+		n.lagHighAt.Store(0) // the lag grew past it
+	case hiOK:
+		n.lagHighAt.Store(at) // still holds
 	}
-	if lag < int64(followAfter) {
-		// Under a millisecond: a read's own retries do the waiting, from
-		// the eta the primary's position gives alone.
-		lag = 0
-	}
-	n.setLag(lag, at)
 }
+
+// fresh reports whether a measurement taken at m (0: none) still holds at at.
+func fresh(m, at int64) bool { return m != 0 && at-m <= lagFresh }
 
 func (n *node) setLag(d, at int64) {
 	n.lag.Store(d)
 	n.lagAt.Store(at)
 }
 
-// pollAt returns when to ask n whether it has replayed wm: between the
-// earliest it can be there (eta) and the latest its fresh upper bound on
-// the lag says, halfway while they are further apart than lagSpread, so
-// that each wait narrows them (a poll that finds it behind raises the lower
-// bound, one that finds it there lowers the upper), and at the upper bound
-// once they are that close, where one poll finds it. Under followAfter of
-// lag it is the eta: such waits are the read's own retries. ok is false
-// without a fresh lag or a known time for wm.
+// pollAt returns when to ask n whether it has replayed wm: when it can be
+// there at the earliest (eta, by the lower bound on the lag), or at its
+// fresh upper bound when that is at most lagSpread later, where one poll
+// finds it. Not later: a poll that finds it there wakes the read, so
+// aiming further into the bounds would make the read wait past the
+// replica's reaching wm. ok is false without a fresh lag or a known time
+// for wm.
 func (t *topology) pollAt(n *node, wm lsn.LSN) (at int64, ok bool) {
 	eta, ok := t.eta(n, wm)
 	if !ok {
 		return 0, false
 	}
 	lo := n.lag.Load()
-	hi, hiAt := n.lagHigh.Load(), n.lagHighAt.Load()
-	if hiAt == 0 || time.Now().UnixNano()-hiAt > lagFresh || hi < lo || hi < int64(followAfter) {
-		return eta, true
+	hi := n.lagHigh.Load()
+	if fresh(n.lagHighAt.Load(), time.Now().UnixNano()) && hi >= lo && hi-lo <= int64(lagSpread) {
+		return eta + hi - lo, true
 	}
-	if hi-lo > int64(lagSpread) {
-		return eta + (hi-lo)/2, true
-	}
-	return eta + hi - lo, true
+	return eta, true
 }
 
-// lagSpread is how close pollAt brings the lag's bounds before it polls at
-// the upper one: a read waits at most this much longer than it must.
-const lagSpread = 200 * time.Microsecond
+// lagSteady is the shortest lag bounds keep across polls that find less:
+// a lag that long (an apply delay, a slow link) holds from one write to the
+// next, and predicts when to poll; a shorter one comes and goes with each
+// flush and checkpoint, and a read's own retries find it sooner than any
+// prediction (a lower bound kept from the slowest recent write would hold
+// every read back as long).
+const lagSteady = 5 * time.Millisecond
+
+// lagSpread is how close the lag's bounds must be for pollAt to aim at the
+// upper one: a read waits at most this much longer than it must.
+const lagSpread = 2 * time.Millisecond
 
 // eta returns when n is expected to have replayed wm, by its last measured
 // lag: wm was first seen on the primary at T, so n gets there at about T+lag

@@ -74,18 +74,6 @@ const (
 	waitUnchecked
 )
 
-// budget is how long a read may wait for a replica: wait_timeout, or what is
-// left of the caller's deadline if that is sooner.
-func (c *Connector) budget(ctx context.Context) time.Duration {
-	budget := c.cfg.WaitTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		if left := time.Until(dl); left < budget {
-			budget = left
-		}
-	}
-	return budget
-}
-
 // methodFor resolves wait_method for one replica connection: auto is
 // WaitFor on servers ≥ 19 and WaitPoll on older ones.
 func (c *Connector) methodFor(b *backend) WaitMethod {
@@ -121,10 +109,9 @@ func (c *Connector) waitForAnswer(b *backend, row []string, target lsn.LSN) (wai
 // replica the position arrives within a millisecond, and stay short, because
 // every millisecond of overshoot is added to the read. When the replica's lag
 // has been measured, the first poll waits until the replica is expected to be
-// there; the estimate is a lower bound, so the answer is near: the first
-// retries ask at pollSoonest, and later ones back off from there (a replica
-// paused or slowed down would otherwise be asked every few microseconds for
-// as long as the budget lasts). (Sleeps this short are taken with nanosleep, late by ~55 µs, not a
+// there; the estimate is a lower bound, so the answer is near: a read's
+// own retries ask at pollSoonest, and the monitor's poll loop, which takes
+// over from lagSteady into the wait, backs off from there. (Sleeps this short are taken with nanosleep, late by ~55 µs, not a
 // Go timer, late by ~1 ms: see ctxsleep.) Measured on loopback
 // (BENCHMARKS.md), a first retry after 100 µs put the read after a write at
 // 1.15–1.25× the spin floor, against 1.30× after 200 µs; retrying at once
@@ -135,26 +122,35 @@ const (
 	pollMax     = 5 * time.Millisecond
 )
 
-// pollDelay is how long to wait before asking replica n again, after
+// pollDelay is how long a read waits before asking replica n again, after
 // attempt earlier tries, whether it has replayed wm. With a measured lag it
 // sleeps until the replica is expected there (pollAt), and once that is
-// past asks at pollSoonest for pipelinedAttempts tries, then backs off
-// exponentially from it; without one it backs off from pollFirst. Either
-// way up to pollMax.
+// past asks at pollSoonest; without one it backs off exponentially from
+// pollFirst, up to pollMax. (From lagSteady into its wait, or for a pause
+// of followAfter, the monitor's poll loop polls for it instead:
+// followDelay.)
 func (c *Connector) pollDelay(n *node, wm lsn.LSN, attempt int) time.Duration {
+	return c.nextPoll(n, wm, attempt, attempt)
+}
+
+// followDelay is pollDelay for the monitor's poll loop (waitList), after
+// polls of its own for the reads waiting: past the eta it backs off from
+// pollSoonest, since the reads' own retries came first (a replica paused or
+// slowed down would otherwise be asked every few microseconds for as long
+// as a read's budget lasts).
+func (c *Connector) followDelay(n *node, wm lsn.LSN, polls int) time.Duration {
+	return c.nextPoll(n, wm, polls, 0)
+}
+
+// nextPoll is the delay before poll k: until pollAt while that is ahead,
+// then backing off, past the eta after flat polls at pollSoonest.
+func (c *Connector) nextPoll(n *node, wm lsn.LSN, k, flat int) time.Duration {
 	first := pollFirst
 	if at, ok := c.topo.pollAt(n, wm); ok {
 		if d := time.Duration(at - time.Now().UnixNano()); d > pollSoonest {
 			return d
 		}
-		first = pollSoonest
-	}
-	k := attempt
-	if first == pollSoonest {
-		// Past the eta: the first pipelinedAttempts retries ask at the
-		// shortest interval, later ones back off (handed to the
-		// monitor's poll loop, waitList, from followAfter).
-		k = max(attempt-pipelinedAttempts+1, 0)
+		first, k = pollSoonest, max(k-flat, 0)
 	}
 	if k >= 16 {
 		return pollMax
