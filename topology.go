@@ -225,8 +225,13 @@ func (t *topology) reached(n *node, inst uint64, target lsn.LSN, at int64) {
 // position known (no lower bound); a shorter one is the latest lower
 // bound, or 0 when caught up.
 func (n *node) bounds(lb, ub, at int64) {
+	n.lower(lb, ub, at)
+	n.upper(lb, ub, at)
+}
+
+// lower is bounds' lower bound: the lag.
+func (n *node) lower(lb, ub, at int64) {
 	lo, loOK := n.lag.Load(), fresh(n.lagAt.Load(), at)
-	hi, hiOK := n.lagHigh.Load(), fresh(n.lagHighAt.Load(), at)
 	steady := loOK && lo >= int64(lagSteady)
 	switch {
 	case lb >= 0 && (!steady || lb >= lo || ub >= 0 && lo > ub):
@@ -238,6 +243,11 @@ func (n *node) bounds(lb, ub, at int64) {
 	default:
 		n.setLag(lo, at) // still holds: measured again
 	}
+}
+
+// upper is bounds' upper bound: what pollAt aims at.
+func (n *node) upper(lb, ub, at int64) {
+	hi, hiOK := n.lagHigh.Load(), fresh(n.lagHighAt.Load(), at)
 	switch {
 	case ub >= 0 && (!hiOK || ub <= hi || lb >= 0 && hi < lb):
 		n.lagHigh.Store(ub)
