@@ -268,9 +268,9 @@ func (n *node) setLag(d, at int64) {
 }
 
 // pollAt returns when to ask n whether it has replayed wm: when it can be
-// there at the earliest (eta, by the lower bound on the lag), or at its
-// fresh upper bound when that is at most lagSpread later, where one poll
-// finds it. Not later: a poll that finds it there wakes the read, so
+// there at the earliest (eta, by the lower bound on the lag), or, for a
+// steady lag (lagSteady), at its fresh upper bound when that is at most
+// lagSpread later, where one poll finds it. Not later: a poll that finds it there wakes the read, so
 // aiming further into the bounds would make the read wait past the
 // replica's reaching wm. ok is false without a fresh lag or a known time
 // for wm.
@@ -281,7 +281,7 @@ func (t *topology) pollAt(n *node, wm lsn.LSN) (at int64, ok bool) {
 	}
 	lo := n.lag.Load()
 	hi := n.lagHigh.Load()
-	if fresh(n.lagHighAt.Load(), time.Now().UnixNano()) && hi >= lo && hi-lo <= int64(lagSpread) {
+	if lo >= int64(lagSteady) && fresh(n.lagHighAt.Load(), time.Now().UnixNano()) && hi >= lo && hi-lo <= int64(lagSpread) {
 		return eta + hi - lo, true
 	}
 	return eta, true
