@@ -55,9 +55,9 @@ func TestSteadyRead(t *testing.T) {
 
 // maxReadPathFiles is how many of the root package's files one steady
 // replica read may run code in: a ratchet at what it is (conn, classify,
-// plan, replica and attempt, watermark, topology and node, wait for the
-// budget, backend, observe), so that a new file on the path is a decision.
-const maxReadPathFiles = 11
+// plan, replica and attempt, watermark, topology and node, backend,
+// observe), so that a new file on the path is a decision.
+const maxReadPathFiles = 10
 
 // TestReadPathFiles compares two coverage profiles of TestSteadyRead
 // (PGRYW_READPATH_PROFILES=one,two, written by scripts/readpath.sh): the
