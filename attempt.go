@@ -257,10 +257,15 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 	if w.farBehind(*wm) {
 		// The lag history says the replica is not there yet, by more than
 		// a read would take: a read sent now would be wasted. Wait first.
-		if res, again, err := w.pause(ctx, *wm, 0); !again {
+		// Without a max_waits place or a budget left, the read still gets
+		// its check that does not wait, below.
+		res, again, err := w.pause(ctx, *wm, 0)
+		switch {
+		case err != nil || !again && res != waitBusy && res != waitTimeout:
 			return res, err
+		case again:
+			first = 1
 		}
-		first = 1
 	}
 	for i := first; ; i++ {
 		res, err := w.try(ctx, a, wm, i)
@@ -394,9 +399,10 @@ func (w *waiting) pause(ctx context.Context, wm lsn.LSN, i int) (res waitResult,
 	}
 	n := w.b.node
 	d := min(cn.c.pollDelay(n, wm, i), left)
-	if d >= followAfter || time.Since(w.start) >= lagSteady {
+	if (d >= followAfter || time.Since(w.start) >= lagSteady) && n.usable(time.Now().UnixNano()) {
 		// Long enough for the monitor's poll loop to do the polling, for
-		// every read waiting on n at once.
+		// every read waiting on n at once. (Not on a node out of reads:
+		// the monitor does not probe it, and would wake the read at once.)
 		if followed, err := n.waiting.await(ctx, wm, left); err != nil {
 			return waitTimeout, false, err
 		} else if followed {

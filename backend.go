@@ -40,8 +40,9 @@ type backend struct {
 	// went in the simple protocol, so a check could not share its
 	// transaction: its reads that need one run on the primary.
 	noChain bool
-	// probes counts the monitor's probes over this connection (Connector.probe).
-	probes int
+	// probedSince is when the monitor first probed over this connection
+	// (unix ns; 0: not yet), for pooledConnAge.
+	probedSince int64
 
 	// The primary's wal_block_size and timeline, from the connection's
 	// first capture (0: not yet). Neither changes while a connection to a

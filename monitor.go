@@ -271,9 +271,10 @@ func (w *watcher) settle(probed bool) {
 	w.reset(next)
 }
 
-// pooledProbes is how many probes the monitor sends over one connection to
-// a node behind a pooler before it opens another.
-const pooledProbes = 20
+// pooledConnAge is how long the monitor keeps one connection to a node
+// behind a pooler before it opens another: by time, not by probes, since
+// it probes far more often while reads wait on the node.
+const pooledConnAge = 2 * time.Second
 
 // probe polls one node and returns the connection to keep for next time.
 func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
@@ -305,14 +306,16 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 }
 
 // probeConn returns the monitor's connection to n, connecting anew when it
-// has none, when it broke, or behind a pooler every pooledProbes probes;
+// has none, when it broke, or behind a pooler every pooledConnAge;
 // nil when n cannot be reached.
 func (c *Connector) probeConn(ctx context.Context, n *node, b *backend) *backend {
 	if b != nil && b.peer.Unnamed {
 		// Behind a pooler, a connection kept for good would see one
 		// server for good (in session mode): a repointed pooler's new
 		// server would go unseen.
-		if b.probes++; b.probes > pooledProbes {
+		if b.probedSince == 0 {
+			b.probedSince = time.Now().UnixNano()
+		} else if time.Since(time.Unix(0, b.probedSince)) > pooledConnAge {
 			b.close()
 			b = nil
 		}

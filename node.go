@@ -38,7 +38,7 @@ type node struct {
 	// of another cluster and stays out of reads.
 	system  atomic.Uint64
 	foreign atomic.Bool
-	lag     atomic.Int64 // lower bound on replay lag, ns (see history)
+	lag     atomic.Int64 // replay lag, ns: a lower bound, or the upper one it was brought under (topology.bounds)
 	lagAt   atomic.Int64 // when lag was measured, unix ns; 0 = never
 	// lagHigh is an upper bound on the lag, ns, measured at lagHighAt
 	// (0: none holds): where pollAt aims.

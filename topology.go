@@ -240,9 +240,12 @@ func (n *node) lower(lb, ub, at int64) {
 		n.setLag(ub, at) // the lag shrank: about ub now
 	case !steady:
 		n.setLag(0, at)
-	default:
+	case lb >= 0:
 		n.setLag(lo, at) // still holds: measured again
 	}
+	// A caught-up poll (no lower bound) that allows a steady lag keeps it
+	// until lagFresh after the last poll that found the replica behind:
+	// on an idle replica a lag left by a burst expires.
 }
 
 // upper is bounds' upper bound: what pollAt aims at.
@@ -301,7 +304,9 @@ const lagSpread = 2 * time.Millisecond
 
 // eta returns when n is expected to have replayed wm, by its last measured
 // lag: wm was first seen on the primary at T, so n gets there at about T+lag
-// at the earliest. ok is false without a fresh lag or a known T.
+// (at the earliest while the lag is a lower bound; see bounds for when it
+// is brought under an upper one). ok is false without a fresh lag or a
+// known T.
 func (t *topology) eta(n *node, wm lsn.LSN) (at int64, ok bool) {
 	lagAt := n.lagAt.Load()
 	if lagAt == 0 || time.Now().UnixNano()-lagAt > lagFresh {
