@@ -240,12 +240,14 @@ func (n *node) lower(lb, ub, at int64) {
 		n.setLag(ub, at) // the lag shrank: about ub now
 	case !steady:
 		n.setLag(0, at)
-	case lb >= 0:
-		n.setLag(lo, at) // still holds: measured again
+	default:
+		// Still holds: measured again. Caught-up polls renew it too (a
+		// rule renewing it only from polls that found the replica behind,
+		// or whose upper bound was near it, doubled the polls per wait
+		// under a steady 50 ms lag); a lag that is gone is dropped by the
+		// first poll whose upper bound is under it.
+		n.setLag(lo, at)
 	}
-	// A caught-up poll (no lower bound) that allows a steady lag keeps it
-	// until lagFresh after the last poll that found the replica behind:
-	// on an idle replica a lag left by a burst expires.
 }
 
 // upper is bounds' upper bound: what pollAt aims at.
