@@ -523,9 +523,6 @@ func (w *waitList) wake(replay lsn.LSN, all bool) (nearest lsn.LSN, polls int, w
 			r.woken <- struct{}{}
 			continue
 		}
-		if len(keep) == 0 || r.target < nearest {
-			nearest = r.target
-		}
 		keep = append(keep, r)
 	}
 	clear(w.list[len(keep):])
@@ -534,10 +531,7 @@ func (w *waitList) wake(replay lsn.LSN, all bool) (nearest lsn.LSN, polls int, w
 	if woke {
 		w.polls = 0 // the replica moves: poll at the nearest target's pace again
 	}
-	if len(keep) == 0 {
-		return 0, 0, false
-	}
-	return nearest, w.polls, true
+	return w.nearestLocked()
 }
 
 // nearest returns the nearest target waited for, and the monitor's polls
@@ -545,12 +539,20 @@ func (w *waitList) wake(replay lsn.LSN, all bool) (nearest lsn.LSN, polls int, w
 func (w *waitList) nearest() (nearest lsn.LSN, polls int, waiting bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.nearestLocked()
+}
+
+// nearestLocked is nearest, with w.mu held.
+func (w *waitList) nearestLocked() (nearest lsn.LSN, polls int, waiting bool) {
+	if len(w.list) == 0 {
+		return 0, 0, false
+	}
 	for i, r := range w.list {
 		if i == 0 || r.target < nearest {
 			nearest = r.target
 		}
 	}
-	return nearest, w.polls, len(w.list) > 0
+	return nearest, w.polls, true
 }
 
 // polled counts one of the monitor's polls for the reads waiting.

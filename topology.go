@@ -160,20 +160,14 @@ func (h *history) latest() lsn.LSN {
 func (h *history) firstAfter(l lsn.LSN, strict bool) (int64, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	lo, hi := 0, h.n
-	for lo < hi {
-		mid := (lo + hi) / 2
-		v := h.lsn[(h.head+mid)%historySize]
-		if v > uint64(l) || !strict && v == uint64(l) {
-			hi = mid
-		} else {
-			lo = mid + 1
-		}
-	}
-	if lo == h.n {
+	first := sort.Search(h.n, func(i int) bool {
+		v := h.lsn[(h.head+i)%historySize]
+		return v > uint64(l) || !strict && v == uint64(l)
+	})
+	if first == h.n {
 		return 0, false
 	}
-	return h.at[(h.head+lo)%historySize], true
+	return h.at[(h.head+first)%historySize], true
 }
 
 // lastAtOrBefore returns the time the primary was last seen at or before l,
@@ -194,9 +188,9 @@ func (h *history) lastAtOrBefore(l lsn.LSN) (int64, bool) {
 // at−T' (it has replayed that). A lower bound is kept until a higher one
 // or a contradicting upper bound comes, an upper bound until a lower one
 // or a contradicting lower bound does, each for lagFresh after the last
-// poll it was consistent with. With writes every few milliseconds on a replica 50 ms
-// behind, the bounds from many polls close in on the lag, which is what
-// predicts the next write's wait (pollAt).
+// poll it was consistent with. With writes every few milliseconds on a
+// replica 50 ms behind, the bounds from many polls close in on the lag,
+// which is what predicts the next write's wait (pollAt).
 func (t *topology) observe(n *node, inst uint64, p lsn.LSN, at int64) {
 	n.sawReplay(p, inst)
 	lb, ub := int64(-1), int64(-1)
@@ -275,10 +269,10 @@ func (n *node) setLag(d, at int64) {
 // pollAt returns when to ask n whether it has replayed wm: when it can be
 // there at the earliest (eta, by the lower bound on the lag), or, for a
 // steady lag (lagSteady), at its fresh upper bound when that is at most
-// lagSpread later, where one poll finds it. Not later: a poll that finds it there wakes the read, so
-// aiming further into the bounds would make the read wait past the
-// replica's reaching wm. ok is false without a fresh lag or a known time
-// for wm.
+// lagSpread later, where one poll finds it. Not later: a poll that finds
+// it there wakes the read, so aiming further into the bounds would make
+// the read wait past the replica's reaching wm. ok is false without a
+// fresh lag or a known time for wm.
 func (t *topology) pollAt(n *node, wm lsn.LSN) (at int64, ok bool) {
 	eta, ok := t.eta(n, wm)
 	if !ok {
@@ -310,8 +304,7 @@ const lagSpread = 2 * time.Millisecond
 // is brought under an upper one). ok is false without a fresh lag or a
 // known T.
 func (t *topology) eta(n *node, wm lsn.LSN) (at int64, ok bool) {
-	lagAt := n.lagAt.Load()
-	if lagAt == 0 || time.Now().UnixNano()-lagAt > lagFresh {
+	if !fresh(n.lagAt.Load(), time.Now().UnixNano()) {
 		return 0, false
 	}
 	T, ok := t.hist.firstAfter(wm, false)

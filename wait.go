@@ -111,8 +111,9 @@ func (c *Connector) waitForAnswer(b *backend, row []string, target lsn.LSN) (wai
 // has been measured, the first poll waits until the replica is expected to be
 // there; the estimate is a lower bound, so the answer is near: a read's
 // own retries ask at pollSoonest, and the monitor's poll loop, which takes
-// over from lagSteady into the wait, backs off from there. (Sleeps this short are taken with nanosleep, late by ~55 µs, not a
-// Go timer, late by ~1 ms: see ctxsleep.) Measured on loopback
+// over from lagSteady into the wait, backs off from there. (Sleeps this
+// short are taken with nanosleep, late by ~55 µs, not a Go timer, late by
+// ~1 ms: see ctxsleep.) Measured on loopback
 // (BENCHMARKS.md), a first retry after 100 µs put the read after a write at
 // 1.15–1.25× the spin floor, against 1.30× after 200 µs; retrying at once
 // costs twice the replica statements.
