@@ -29,6 +29,9 @@ type attempt struct {
 	// unset: the replica refused the connection's settings, which rode in
 	// front of the read; its answer must not be used.
 	unset bool
+	// known: the read went without a check, the monitor having seen the
+	// replica get there while it waited (waiting.try).
+	known bool
 }
 
 // opKind is what a replicaOp runs.
@@ -287,6 +290,7 @@ func (w *waiting) try(ctx context.Context, a *attempt, wm *lsn.LSN, i int) (wait
 	switch {
 	case i > 0 && !w.serverWaits && a.b.node.knownReplayOn(a.b) >= *wm:
 		a.read()
+		a.known = true
 		return waitOK, nil
 	case i < pipelinedAttempts || w.serverWaits || w.pooled:
 		return w.checkRead(ctx, a, wm)

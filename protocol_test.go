@@ -1481,6 +1481,13 @@ func TestProtocolWaitingReadsShareOnePoll(t *testing.T) {
 	for _, c := range pc.replica.Conns() {
 		seen[c] = len(c.Batches())
 	}
+	var servedMu sync.Mutex
+	var served []pgryw.ServedBy
+	ctx := pgryw.WithServedBy(context.Background(), func(_ context.Context, s pgryw.ServedBy) {
+		servedMu.Lock()
+		served = append(served, s)
+		servedMu.Unlock()
+	})
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, readers)
@@ -1489,7 +1496,7 @@ func TestProtocolWaitingReadsShareOnePoll(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			var v string
-			if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
+			if err := pc.db.QueryRowContext(ctx, protoRead, 7).Scan(&v); err != nil || v != "new" {
 				errs <- fmt.Errorf("read: %q, %v; want the replayed row", v, err)
 			}
 		}()
@@ -1532,5 +1539,19 @@ func TestProtocolWaitingReadsShareOnePoll(t *testing.T) {
 	}
 	if max := readers * 5; reads > max {
 		t.Errorf("the read ran %d times, want at most %d (4 riding with a check, once after)", reads, max)
+	}
+	// A read the monitor woke went without a check, and says so
+	// (ServedBy.Checked); every read answered to the write's position.
+	unchecked := 0
+	for _, s := range served {
+		if s.Role != pgryw.RoleReplica || s.Watermark != protoAt(protoLSN) {
+			t.Errorf("served by %+v, want a replica answering to %s", s, protoLSN)
+		}
+		if !s.Checked {
+			unchecked++
+		}
+	}
+	if len(served) != readers || unchecked == 0 {
+		t.Errorf("%d reads reported, %d without a check; want %d, some woken by the monitor without one", len(served), unchecked, readers)
 	}
 }

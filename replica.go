@@ -323,8 +323,8 @@ func (r *replicaRead) try(a *attempt, check, stale bool) (outcome, error) {
 		a.read()
 		return r.answer(a), nil
 	}
-	r.checked = true
 	res, err := cn.checkedRead(r.ctx, a, &r.wm, r.spec != nil)
+	r.checked = !a.known // ServedBy.Checked: a check rode with the answer used
 	r.spec = nil
 	if err != nil {
 		return r.checkFailed(b, err)
