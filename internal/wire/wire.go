@@ -218,8 +218,17 @@ type Conn struct {
 	left     int
 	curStrip bool // the message is pgryw's: pgx does not see it
 	curKeep  bool // its body is kept for the injection's answer
+	curWatch bool // it is pgx's, and watched (an ErrorResponse or a ReadyForQuery)
 	body     []byte
 	abuf     []byte
+
+	// Watch's state: pgx's Syncs sent and ReadyForQuery messages passed
+	// since, and the SQLSTATE of the first ErrorResponse passed.
+	watch       bool
+	watchSyncs  int
+	watchReady  int
+	watchCode   string
+	watchPassed int // pgx's bytes kept for it by Peek
 }
 
 // Wrap wraps c.
@@ -281,6 +290,10 @@ func (c *Conn) Write(b []byte) (int, error) {
 	c.mu.Lock()
 	if len(c.prefix) > 0 || len(c.suffix) > 0 || len(c.queue) > 0 {
 		buf, lead = c.splice(b)
+	}
+	if c.watch {
+		syncs, _, _, _ := scanFrontend(b)
+		c.watchSyncs += syncs
 	}
 	c.mu.Unlock()
 	n, err := c.Conn.Write(buf)
@@ -588,7 +601,7 @@ func isAsync(t byte) bool { return t == 'S' || t == 'N' || t == 'A' }
 func (c *Conn) filter(p []byte) int {
 	w := 0
 	for i := 0; i < len(p); {
-		if c.hdrN == 0 && len(c.queue) == 0 && w == i {
+		if c.hdrN == 0 && len(c.queue) == 0 && w == i && !c.watch {
 			// Nothing of pgryw's is due: whole messages pass as they
 			// are, header and body, with nothing to copy or keep. The
 			// usual case, every answer of a connection with nothing
@@ -610,6 +623,7 @@ func (c *Conn) filter(p []byte) int {
 				chainErr := ours && b == 'E' && c.queue[0].inj.chained
 				c.curStrip = ours && !isAsync(b) && !chainErr
 				c.curKeep = c.curStrip || chainErr
+				c.curWatch = c.watch && !c.curStrip && (b == 'E' || b == 'Z')
 				if !c.curStrip {
 					c.countPassed(b)
 				}
@@ -635,7 +649,7 @@ func (c *Conn) filter(p []byte) int {
 			continue
 		}
 		k := min(c.left, len(p)-i)
-		if c.curKeep {
+		if c.curKeep || c.curWatch {
 			c.body = append(c.body, p[i:i+k]...)
 		}
 		if !c.curStrip {
@@ -680,6 +694,9 @@ func (c *Conn) countPassed(t byte) {
 func (c *Conn) endMessage() {
 	t := c.hdr[0]
 	c.hdrN = 0
+	if c.curWatch {
+		c.watched(t, c.body)
+	}
 	if c.curKeep {
 		in := c.queue[0].inj
 		switch t {
@@ -723,6 +740,61 @@ func (c *Conn) endMessage() {
 	}
 }
 
+// Watch starts watching pgx's own answers, from the next message read on:
+// Peek then reads ahead to the end of the answers to what pgx sent since,
+// and says whether one was an error. Unwatch ends it.
+func (c *Conn) Watch() {
+	c.mu.Lock()
+	c.watch, c.watchSyncs, c.watchReady, c.watchCode = true, 0, 0, ""
+	c.mu.Unlock()
+}
+
+// Unwatch ends Watch.
+func (c *Conn) Unwatch() {
+	c.mu.Lock()
+	c.watch = false
+	c.mu.Unlock()
+}
+
+// watched notes one of pgx's messages while watching: an ErrorResponse's
+// SQLSTATE, the first one, and a ReadyForQuery. Call it with c.mu held.
+func (c *Conn) watched(t byte, body []byte) {
+	switch t {
+	case 'Z':
+		c.watchReady++
+	case 'E':
+		if c.watchCode != "" {
+			return
+		}
+		var er pgproto3.ErrorResponse
+		if er.Decode(body) == nil {
+			c.watchCode = er.Code
+		}
+	}
+}
+
+// Peek reads ahead, beside pgx, until every Sync (or Query) pgx sent since
+// Watch has its ReadyForQuery, keeping pgx's bytes for its next Reads, and
+// returns the SQLSTATE of the first error among pgx's answers ("" for
+// none). It stops early, with complete false, once it has kept limit
+// bytes for pgx: an answer that large is left for pgx to read as it comes.
+// An error is the socket's, or the context's.
+func (c *Conn) Peek(ctx context.Context, limit int) (code string, complete bool, err error) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(30 * time.Second)
+	}
+	c.mu.Lock()
+	c.watchPassed = 0
+	c.mu.Unlock()
+	err = c.readUntilFunc(ctx, dl, true, func() bool {
+		return c.watchReady >= c.watchSyncs || c.watchPassed >= limit
+	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.watchCode, c.watchReady >= c.watchSyncs, err
+}
+
 // Await reads from the socket until in's answer is complete, keeping any
 // bytes meant for pgx for its next Read. It may run beside pgx's use of the
 // connection, even from another goroutine: a read of pgx's already on the
@@ -751,9 +823,15 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 // for its next Read, except with in nil (Drain: the connection is being
 // closed).
 func (c *Conn) readUntil(ctx context.Context, dl time.Time, in *Injection) error {
+	return c.readUntilFunc(ctx, dl, in != nil, func() bool { return c.reached(in) })
+}
+
+// readUntilFunc is readUntil, until done reports true (called with c.mu
+// held), keeping pgx's bytes with keep.
+func (c *Conn) readUntilFunc(ctx context.Context, dl time.Time, keep bool, done func() bool) error {
 	for {
 		c.mu.Lock()
-		if c.reached(in) {
+		if done() {
 			c.mu.Unlock()
 			return nil
 		}
@@ -783,12 +861,13 @@ func (c *Conn) readUntil(ctx context.Context, dl time.Time, in *Injection) error
 		n, err := c.readBy(ctx, dl)
 		c.mu.Lock()
 		m := c.readReturned(c.abuf[:n])
-		if in != nil {
+		if keep {
 			c.pending = append(c.pending, c.abuf[:m]...)
+			c.watchPassed += m
 		}
-		done := c.reached(in)
+		finished := done()
 		c.mu.Unlock()
-		if done {
+		if finished {
 			return nil
 		}
 		if err != nil {

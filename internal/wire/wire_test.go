@@ -710,3 +710,63 @@ func TestDisarmedIsDropped(t *testing.T) {
 		t.Fatalf("sent %v, dropped %v", sent.Sent(), sent.Dropped())
 	}
 }
+
+// Peek reads pgx's answers ahead to the ReadyForQuery of the last Sync pgx
+// sent since Watch, keeps every byte of them for pgx, and reports the
+// first error among them, with a check of pgryw's in front stripped as
+// usual, however the bytes are chunked.
+func TestWatchPeek(t *testing.T) {
+	for seed := int64(1); seed <= 50; seed++ {
+		ours := enc(t, &pgproto3.DataRow{Values: [][]byte{[]byte("0/1")}}, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+		prepare := enc(t, &pgproto3.ParseComplete{}, &pgproto3.ParameterDescription{}, &pgproto3.NoData{}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+		execute := enc(t,
+			&pgproto3.BindComplete{}, &pgproto3.DataRow{Values: [][]byte{[]byte("1")}}, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+			&pgproto3.BindComplete{}, &pgproto3.ErrorResponse{Severity: "ERROR", Code: "0A000", Message: "cannot access temporary or unlogged relations during recovery"},
+			&pgproto3.ReadyForQuery{TxStatus: 'I'})
+		after := enc(t, &pgproto3.NotificationResponse{Channel: "c", Payload: "p"})
+		data := append(append(append(append([]byte{}, ours...), prepare...), execute...), after...)
+		under := &chunked{data: data, rng: rand.New(rand.NewSource(seed))}
+		c := Wrap(under)
+		c.Watch()
+		check := &Injection{SQL: "check"}
+		c.Prefix(check)
+		c.Write(encF(t, &pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Sync{}))
+		// pgx reads the prepare phase's answer itself.
+		buf := make([]byte, len(prepare))
+		if _, err := io.ReadFull(c, buf); err != nil || !bytes.Equal(buf, prepare) {
+			t.Fatalf("seed %d: pgx read %q %v", seed, buf, err)
+		}
+		c.Write(encF(t, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}))
+		code, complete, err := c.Peek(t.Context(), 1<<20)
+		c.Unwatch()
+		if err != nil || !complete || code != "0A000" {
+			t.Fatalf("seed %d: Peek = %q, %v, %v", seed, code, complete, err)
+		}
+		if !check.Done() {
+			t.Fatalf("seed %d: the check's answer was not taken", seed)
+		}
+		rest := make([]byte, len(execute)+len(after))
+		if _, err := io.ReadFull(c, rest); err != nil || !bytes.Equal(rest, append(append([]byte{}, execute...), after...)) {
+			t.Fatalf("seed %d: pgx read %q %v", seed, rest, err)
+		}
+	}
+}
+
+// Peek stops at its limit, incomplete, and pgx still reads everything.
+func TestPeekLimit(t *testing.T) {
+	execute := enc(t, &pgproto3.BindComplete{}, &pgproto3.DataRow{Values: [][]byte{bytes.Repeat([]byte("x"), 300)}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	under := &chunked{data: append([]byte{}, execute...), rng: rand.New(rand.NewSource(7))}
+	c := Wrap(under)
+	c.Watch()
+	c.Write(encF(t, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}))
+	code, complete, err := c.Peek(t.Context(), 100)
+	c.Unwatch()
+	if err != nil || complete || code != "" {
+		t.Fatalf("Peek = %q, %v, %v", code, complete, err)
+	}
+	got, _ := io.ReadAll(c)
+	if !bytes.Equal(got, execute) {
+		t.Fatalf("pgx read %q", got)
+	}
+}
