@@ -2,11 +2,11 @@ package pgryw
 
 import (
 	"context"
-	"database/sql/driver"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgryw/pgryw/internal/ctxsleep"
 	"github.com/pgryw/pgryw/internal/lsn"
 	"github.com/pgryw/pgryw/internal/wire"
@@ -21,7 +21,7 @@ type attempt struct {
 	ctx   context.Context
 	cn    *Conn
 	b     *backend
-	op    *replicaOp
+	op    *stmtOp
 	trail bool            // a replay poll rides behind the read
 	post  *wire.Injection // that poll, once armed
 	ran   bool
@@ -32,71 +32,6 @@ type attempt struct {
 	// known: the read went without a check, the monitor having seen the
 	// replica get there while it waited (waiting.try).
 	known bool
-}
-
-// opKind is what a replicaOp runs.
-type opKind uint8
-
-const (
-	opQuery opKind = iota // QueryContext: rows
-	opExec                // ExecContext: a result
-	opBegin               // BeginTx: a read-only transaction
-	opEnd                 // the end (COMMIT or ROLLBACK) of one
-)
-
-// replicaOp is the application's statement as an attempt runs it on the
-// replica it chose, and its answer. A struct kept in the Conn
-// (Conn.startOp) rather than closures over the caller's variables: a
-// replica read allocates nothing of pgryw's own.
-type replicaOp struct {
-	kind  opKind
-	ctx   context.Context
-	query string
-	args  []driver.NamedValue
-	opts  driver.TxOptions // opBegin
-	end   func() error     // opEnd
-
-	ok      bool    // run succeeded: there is an answer to discard
-	checked lsn.LSN // the watermark the replica was known or checked to have replayed
-	rows    driver.Rows
-	res     driver.Result
-	tx      driver.Tx
-	on      *backend // opBegin: where tx is open
-}
-
-// run sends the statement on b.
-func (o *replicaOp) run(b *backend) error {
-	var err error
-	switch o.kind {
-	case opQuery:
-		o.rows, err = b.query(o.ctx, o.query, o.args)
-	case opExec:
-		o.res, err = b.exec(o.ctx, o.query, o.args)
-	case opBegin:
-		var t driver.Tx
-		if t, err = b.conn.(driver.ConnBeginTx).BeginTx(o.ctx, o.opts); err == nil {
-			o.tx, o.on = t, b
-		}
-	case opEnd:
-		err = o.end()
-	}
-	o.ok = err == nil
-	return err
-}
-
-// discard throws away an answer that will not be used.
-func (o *replicaOp) discard() {
-	if !o.ok {
-		return
-	}
-	o.ok = false
-	switch o.kind {
-	case opQuery:
-		o.rows.Close()
-	case opBegin:
-		o.tx.Rollback()
-		o.tx = nil
-	}
 }
 
 func (a *attempt) read() {
@@ -113,12 +48,49 @@ func (a *attempt) read() {
 			w.AppendAfterExec(a.post)
 		}
 	}
+	peek := a.op.kind == opPgxBatch && a.b.wire != nil
+	if peek {
+		a.b.wire.Watch()
+	}
 	a.err = a.op.run(a.b)
 	a.ran = true
 	if w := a.b.wire; w != nil {
 		w.Disarm()
 	}
+	if peek {
+		a.err = a.peek()
+	}
+	if set != nil && a.op.lazy() {
+		a.cn.await(a.ctx, a.b, set) // nothing of the answer was read yet
+	}
 	a.unset = set != nil && a.cn.settledSettings(a.b, set)
+}
+
+// peekLimit bounds what a replica batch's answer may hold for peek to read
+// it whole before the caller does.
+const peekLimit = 1 << 20
+
+// peek reads a batch's whole answer from the replica before the caller
+// reads any of it (pgx reads a batch's results when asked), and returns
+// its first error: a replica that refuses a statement as a standby (an
+// unlogged table, say), or fails (a recovery conflict), is then passed
+// over as for a single read, before any result reached the caller; any
+// other error reaches the caller from the results, as pgx gives it. An
+// answer too large to hold is left as it is.
+func (a *attempt) peek() error {
+	w := a.b.wire
+	code, complete, err := w.Peek(a.ctx, peekLimit)
+	w.Unwatch()
+	switch {
+	case err != nil && a.ctx.Err() == nil:
+		a.b.close() // the socket failed: another replica
+		return err
+	case err != nil:
+		return err
+	case complete && code != "":
+		return &pgconn.PgError{Severity: "ERROR", Code: code}
+	}
+	return nil
 }
 
 // drop discards the answer, whatever it was. A discarded read may leave a
@@ -253,7 +225,7 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 	// Where it cannot (a simple-protocol read, PolarDB's SETs), the read
 	// is not checked on the replica at all.
 	// (pgx sends a transaction's BEGIN as a simple Query, always.)
-	if w.pooled && (a.b.noChain || w.method == WaitPolar || a.op.kind == opBegin) {
+	if w.pooled && (a.b.noChain || w.method == WaitPolar || a.op.begins()) {
 		return waitUnchecked, nil
 	}
 	first := 0
@@ -344,6 +316,9 @@ func (w *waiting) checkRead(ctx context.Context, a *attempt, wm *lsn.LSN) (waitR
 	inj := c.armCheck(b, w.method, *wm, max(time.Until(w.deadline), time.Millisecond))
 	notices := b.wire.Notices()
 	a.read()
+	if a.op.lazy() && inj.Sent() {
+		w.cn.await(ctx, b, inj) // a batch's results are read by the caller, later
+	}
 	if w.partial {
 		w.partial = false
 		l, err := w.cn.watermark(ctx) // settles the capture first

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -115,6 +116,9 @@ func majorVersion(v string) int {
 	n, _ := strconv.Atoi(v[:i])
 	return n
 }
+
+// pgx returns the backend's pgx connection, for pgx's front end.
+func (b *backend) pgx() *pgx.Conn { return b.conn.(*stdlib.Conn).Conn() }
 
 func (b *backend) closed() bool {
 	return b.pg.IsClosed()

@@ -50,7 +50,7 @@ func BenchmarkRouteDecision(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := newConnector(cfg)
+	c, err := newConnector(cfg, connHooks{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -20,7 +20,7 @@ func newCatalogConnector(t *testing.T, dial func(ctx context.Context, n *node, w
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := newConnector(cfg)
+	c, err := newConnector(cfg, connHooks{})
 	if err != nil {
 		t.Fatal(err)
 	}

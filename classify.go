@@ -53,6 +53,14 @@ func (cc *classCache) put(q string, r sqlclass.Result) {
 	cc.m[q] = r
 }
 
+// classifyOp classifies the statement op runs: a batch of pgx's as one.
+func (c *Connector) classifyOp(ctx context.Context, op *stmtOp) sqlclass.Result {
+	if op.kind == opPgxBatch {
+		return c.classifyBatch(ctx, op.batch)
+	}
+	return c.classify(ctx, op.query)
+}
+
 // learnWrite records that q turned out to write: a replica refused it with
 // SQLSTATE 25006. It stays on the primary from then on.
 func (cc *classCache) learnWrite(q string) {

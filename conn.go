@@ -56,7 +56,12 @@ type Conn struct {
 	// statement that may write, so its COMMIT moves the watermark.
 	blockWrote bool
 
-	tx *tx // the open database/sql transaction, if any
+	tx *tx // the open transaction of the front end's, if any
+
+	// lostErr: why the last new primary connection checkPrimary asked for
+	// could not be made (database/sql gets driver.ErrBadConn; pgx's front
+	// end, this).
+	lostErr error
 
 	obs stmtObs // what routing the statement under way learned (observe.go)
 
@@ -67,12 +72,12 @@ type Conn struct {
 	// op: the statement onReplica is running (startOp). Kept here rather
 	// than on the caller's stack, where the escape analysis would not keep
 	// it: a replica read allocates nothing of pgryw's own.
-	op replicaOp
+	op stmtOp
 }
 
 // startOp makes o the connection's replicaOp for one onReplica call; the
 // caller clears cn.op when it has taken the answer.
-func (cn *Conn) startOp(o replicaOp) *replicaOp {
+func (cn *Conn) startOp(o stmtOp) *stmtOp {
 	cn.op = o
 	return &cn.op
 }
@@ -247,24 +252,13 @@ func (cn *Conn) exec(ctx context.Context, query string, args []driver.NamedValue
 		cn.servedPlain(ctx, false)
 		return res, err
 	}
-	cls := cn.c.classify(ctx, query)
-	p := cn.planFor(ctx, &cls)
-	switch p.target {
-	case targetRefused:
-		return nil, refusedHint(&cls)
-	case targetReplica:
-		op := cn.startOp(replicaOp{kind: opExec, ctx: ctx, query: query, args: args})
-		onPrimary, done, err := cn.onReplica(ctx, query, &cls, &p, true, op)
-		res := op.res
-		cn.op = replicaOp{}
-		if !onPrimary {
-			if done != nil {
-				done()
-			}
-			return res, err
-		}
+	done, err := cn.statement(ctx, cn.c.classify(ctx, query), stmtOp{kind: opExec, ctx: ctx, query: query, args: args, st: st})
+	res := cn.op.res
+	cn.op = stmtOp{}
+	if done != nil {
+		done(err)
 	}
-	return cn.execPrimary(ctx, query, args, cls, &p, st)
+	return res, err
 }
 
 // QueryContext implements driver.QueryerContext.
@@ -288,27 +282,42 @@ func (cn *Conn) query(ctx context.Context, query string, args []driver.NamedValu
 		cn.servedPlain(ctx, false)
 		return rows, err
 	}
-	cls := cn.c.classify(ctx, query)
+	done, err := cn.statement(ctx, cn.c.classify(ctx, query), stmtOp{kind: opQuery, ctx: ctx, query: query, args: args, st: st})
+	rows := cn.op.rows
+	cn.op = stmtOp{}
+	switch {
+	case done == nil:
+		return rows, err
+	case err != nil:
+		done(err)
+		return rows, err
+	}
+	return &afterRows{Rows: rows, done: done}, nil
+}
+
+// statement runs o, a statement outside any transaction of the front
+// end's, classified as cls: collected, planned, and run on a replica or the
+// primary. Its answer is left in cn.op, which the caller takes and clears.
+// done, when not nil, is to be called once the answer has been read (at
+// once when it is not open: an Exec's), with its error: it settles what
+// the statement's outcome decides (the primary's watermark, or what a
+// replica read saw).
+func (cn *Conn) statement(ctx context.Context, cls sqlclass.Result, o stmtOp) (done func(error), err error) {
 	p := cn.planFor(ctx, &cls)
 	switch p.target {
 	case targetRefused:
 		return nil, refusedHint(&cls)
 	case targetReplica:
-		op := cn.startOp(replicaOp{kind: opQuery, ctx: ctx, query: query, args: args})
-		onPrimary, done, err := cn.onReplica(ctx, query, &cls, &p, true, op)
-		rows := op.rows
-		cn.op = replicaOp{}
+		r := o
+		r.st = nil // prepared where PrepareContext ran: the primary
+		r.ahead = r.kind == opPgxQuery || r.kind == opPgxBatch
+		op := cn.startOp(r)
+		onPrimary, done, err := cn.onReplica(ctx, o.query, &cls, &p, true, op)
 		if !onPrimary {
-			if err != nil || done == nil {
-				if done != nil {
-					done()
-				}
-				return rows, err
-			}
-			return &afterRows{Rows: rows, done: func(error) { done() }}, nil
+			return done, err
 		}
 	}
-	return cn.queryPrimary(ctx, query, args, cls, &p, st)
+	return cn.runPrimary(ctx, cls, &p, cn.startOp(o))
 }
 
 // refusedHint is the error for a statement a replica hint asks a replica

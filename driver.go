@@ -91,6 +91,10 @@ type Connector struct {
 	mon     monitor
 	seenTLI atomic.Uint32 // the writer's timeline as this connector's connections last saw it (noteTimeline)
 
+	// afterConnect runs on each new connection of a Conn's (a Pool's
+	// AfterConnect).
+	afterConnect func(context.Context, *pgx.Conn) error
+
 	// dial opens a backend connection; tests wrap it to fail or count
 	// dials.
 	dial func(ctx context.Context, n *node, why dialFor) (driver.Conn, error)
@@ -102,10 +106,22 @@ type Connector struct {
 // NewConnector validates cfg and returns a connector for sql.OpenDB. cfg is
 // copied; later changes to it have no effect.
 func NewConnector(cfg *Config) (*Connector, error) {
-	return newConnector(cfg)
+	return newConnector(cfg, connHooks{})
 }
 
-func newConnector(cfg *Config) (*Connector, error) {
+// connHooks are what a connector's caller gives it beyond a Config: the
+// primary's pgx configuration, already parsed (a Pool's PoolConfig.ConnConfig,
+// with its Tracer and handlers), and calls around each new connection.
+type connHooks struct {
+	base *pgx.ConnConfig
+	// before runs before each server connection is made, with a copy of
+	// its configuration.
+	before func(context.Context, *pgx.ConnConfig) error
+	// after runs on each new connection of a Conn's, primary or replica.
+	after func(context.Context, *pgx.Conn) error
+}
+
+func newConnector(cfg *Config, h connHooks) (*Connector, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("pgryw: nil Config")
 	}
@@ -117,7 +133,15 @@ func newConnector(cfg *Config) (*Connector, error) {
 	if err != nil {
 		return nil, err
 	}
+	if h.base != nil {
+		wc = h.base.Copy()
+	}
+	var opts []stdlib.OptionOpenDB
+	if h.before != nil {
+		opts = append(opts, stdlib.OptionBeforeConnect(h.before))
+	}
 	c := &Connector{
+		afterConnect: h.after,
 		cfg:          cfg,
 		plain:        len(cfg.Replicas) == 0,
 		overrides:    newFuncOverrides(cfg.WriteFunctions, cfg.ReadFunctions),
@@ -128,7 +152,7 @@ func newConnector(cfg *Config) (*Connector, error) {
 		rc := replicaConfig(wc, host, port)
 		n := &node{index: len(c.topo.replicas), addr: fmt.Sprintf("%s:%d", host, port), host: host, port: port, candidate: candidate}
 		c.wireUp(rc, n)
-		c.replicas = append(c.replicas, stdlib.GetConnector(*rc))
+		c.replicas = append(c.replicas, stdlib.GetConnector(*rc, opts...))
 		c.topo.replicas = append(c.topo.replicas, n)
 	}
 	for _, r := range cfg.Replicas {
@@ -151,7 +175,7 @@ func newConnector(cfg *Config) (*Connector, error) {
 	if !c.plain {
 		c.wireUp(wc, c.topo.primary)
 	}
-	c.primary = stdlib.GetConnector(*wc)
+	c.primary = stdlib.GetConnector(*wc, opts...)
 	c.dial = c.dialServer
 	c.log.Store(cfg.Logger)
 	c.initOverload()
@@ -403,11 +427,24 @@ const (
 	forPosition                // a fresh primary position (Session.TokenContext)
 )
 
-func (c *Connector) dialServer(ctx context.Context, n *node, _ dialFor) (driver.Conn, error) {
-	if n.index < 0 {
-		return c.primary.Connect(ctx)
+func (c *Connector) dialServer(ctx context.Context, n *node, why dialFor) (driver.Conn, error) {
+	dc, err := c.connectorOf(n).Connect(ctx)
+	if err != nil || why != forConn || c.afterConnect == nil {
+		return dc, err
 	}
-	return c.replicas[n.index].Connect(ctx)
+	if err := c.afterConnect(ctx, dc.(*stdlib.Conn).Conn()); err != nil {
+		dc.Close()
+		return nil, err
+	}
+	return dc, nil
+}
+
+// connectorOf returns pgx's stdlib connector for node n.
+func (c *Connector) connectorOf(n *node) driver.Connector {
+	if n.index < 0 {
+		return c.primary
+	}
+	return c.replicas[n.index]
 }
 
 // Connect implements driver.Connector. It opens the primary connection now;

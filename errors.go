@@ -176,3 +176,8 @@ var errForeign = errors.New("pgryw: a standby of another cluster")
 
 // errCheckLost: the connection failed before the check's answer arrived.
 var errCheckLost = errors.New("pgryw: replica connection failed during the catch-up check")
+
+// errPrimaryLost: pgx's front end's connection found its primary session
+// ended while idle, and no new one could be made (database/sql gets
+// driver.ErrBadConn, and tries another connection).
+var errPrimaryLost = errors.New("pgryw: the primary connection was lost and could not be replaced")

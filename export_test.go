@@ -67,3 +67,6 @@ func PrimaryAddr(cn *Conn) net.Addr {
 	}
 	return cn.primary.wire.LocalAddr()
 }
+
+// PoolConnPrimaryAddr is PrimaryAddr of a Pool's connection.
+func PoolConnPrimaryAddr(c *PoolConn) net.Addr { return PrimaryAddr(c.cn()) }

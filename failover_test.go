@@ -93,7 +93,7 @@ func TestWriterCandidatesAreReplicas(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := newConnector(cfg)
+		c, err := newConnector(cfg, connHooks{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +129,7 @@ func TestTimelineSwitch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := newConnector(cfg)
+	c, err := newConnector(cfg, connHooks{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ func TestDownReplicaBackoff(t *testing.T) {
 			}
 			logs := &pgtest.Logs{}
 			cfg.Logger = slog.New(logs)
-			c, err := newConnector(cfg)
+			c, err := newConnector(cfg, connHooks{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -287,7 +287,7 @@ func newFakeCluster(t testing.TB, replicas int, extra string) *fakeCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fc.c, err = newConnector(cfg); err != nil {
+	if fc.c, err = newConnector(cfg, connHooks{}); err != nil {
 		t.Fatal(err)
 	}
 	fc.c.mon.closed = true // the monitor's probes are not what these tests script

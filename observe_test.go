@@ -496,7 +496,7 @@ func TestObserveAllocs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := newConnector(cfg)
+	c, err := newConnector(cfg, connHooks{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,14 +9,15 @@ import (
 	"github.com/pgryw/pgryw/internal/sqlclass"
 )
 
-// The plan: where a statement outside a database/sql transaction, or a
-// database/sql BEGIN, runs, decided once, before anything is sent, from
-// what was collected about it (its classification, the hints, the
-// connection's pins and whether a block is open on it). The order is fixed:
-// pass through (no replicas), refuse, force the primary, or a replica that
-// has replayed the watermark. The executors (execPrimary, queryPrimary,
-// onReplica) run the plan; only they change its route afterwards, when the
-// read falls back to the primary or a replica's refusal shows it writes.
+// The plan: where a statement outside a transaction of the front end's
+// (database/sql's or pgx's), or such a transaction's BEGIN, runs, decided
+// once, before anything is sent, from what was collected about it (its
+// classification, the hints, the connection's pins and whether a block is
+// open on it). The order is fixed: pass through (no replicas), refuse,
+// force the primary, or a replica that has replayed the watermark. The
+// executors (runPrimary, onReplica) run the plan; only they change its
+// route afterwards, when the read falls back to the primary or a replica's
+// refusal shows it writes.
 
 // target is where a plan sends a statement.
 type target uint8

@@ -43,6 +43,7 @@ func (cn *Conn) checkPrimary(ctx context.Context) error {
 	cn.primary.close()
 	dc, err := cn.c.dial(ctx, cn.c.topo.primary, forConn)
 	if err != nil {
+		cn.lostErr = err
 		return driver.ErrBadConn
 	}
 	cn.primary = newBackend(dc, cn.c.topo.primary)
@@ -123,53 +124,50 @@ func fastAnswer(inj *wire.Injection) bool {
 	return err == nil
 }
 
-// execPrimary runs ExecContext's statement on the primary.
-func (cn *Conn) execPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, p *plan, st *stmt) (driver.Result, error) {
+// runPrimary runs op on the primary, with what rides along (reset_session's
+// reset in front, the capture and the read-back of session state behind)
+// and what follows (watermarks, pins, reporting). done is not nil when
+// op's answer is still open (rows, batch results) and the statement's
+// outcome matters: an autocommit INSERT … RETURNING commits only when its
+// result is complete, and the capture riding behind it is answered after
+// that. The caller calls done with the answer's error once it is closed;
+// a fallback read keeps its max_fallback place until then.
+func (cn *Conn) runPrimary(ctx context.Context, cls sqlclass.Result, p *plan, op *stmtOp) (done func(error), err error) {
 	if err := cn.checkPrimary(ctx); err != nil {
 		return nil, err
 	}
 	ws := cn.beforePrimary(ctx, &cls)
-	res, err := cn.primary.execVia(ctx, st, query, args)
+	err = op.run(cn.primary)
 	if cn.staleRead(&cls, &ws, err) {
 		cn.afterPrimary(ctx, &ws, err)
 		ws = cn.beforePrimary(ctx, &cls)
-		res, err = cn.primary.exec(ctx, query, args)
+		op.st = nil
+		err = op.run(cn.primary)
 	}
-	cn.afterPrimary(ctx, &ws, err)
-	cn.servedPrimary(ctx, &cls, p)
+	if op.open() {
+		cn.servedPrimary(ctx, &cls, p)
+		if err == nil && (ws.inj != nil || ws.commits || cn.fallbackHeld) {
+			return cn.settleLater(ctx, ws), nil
+		}
+		cn.afterPrimary(ctx, &ws, err)
+	} else {
+		cn.afterPrimary(ctx, &ws, err)
+		cn.servedPrimary(ctx, &cls, p)
+	}
 	cn.releaseFallback()
-	if cn.lostRead(ctx, &cls, &ws, err) {
+	if !op.native() && cn.lostRead(ctx, &cls, &ws, err) {
 		return nil, driver.ErrBadConn
 	}
-	return res, err
+	return nil, err
 }
 
-// queryPrimary runs QueryContext's statement on the primary.
-func (cn *Conn) queryPrimary(ctx context.Context, query string, args []driver.NamedValue, cls sqlclass.Result, p *plan, st *stmt) (driver.Rows, error) {
-	if err := cn.checkPrimary(ctx); err != nil {
-		return nil, err
-	}
-	ws := cn.beforePrimary(ctx, &cls)
-	rows, err := cn.primary.queryVia(ctx, st, query, args)
-	if cn.staleRead(&cls, &ws, err) {
-		cn.afterPrimary(ctx, &ws, err)
-		ws = cn.beforePrimary(ctx, &cls)
-		rows, err = cn.primary.query(ctx, query, args)
-	}
-	cn.servedPrimary(ctx, &cls, p)
-	if err != nil || ws.inj == nil && !ws.commits && !cn.fallbackHeld {
+// settleLater is runPrimary's done: ws is a copy, so that only a statement
+// whose answer stays open puts one on the heap.
+func (cn *Conn) settleLater(ctx context.Context, ws primaryStmt) func(error) {
+	return func(err error) {
 		cn.afterPrimary(ctx, &ws, err)
 		cn.releaseFallback()
-		if cn.lostRead(ctx, &cls, &ws, err) {
-			return nil, driver.ErrBadConn
-		}
-		return rows, err
 	}
-	// The statement's outcome (an autocommit INSERT … RETURNING commits
-	// only when its result is complete) and the answer to the capture
-	// riding behind it are known once the rows are closed; a fallback read
-	// keeps its max_fallback slot until then.
-	return &afterRows{Rows: rows, done: func(err error) { cn.afterPrimary(ctx, &ws, err); cn.releaseFallback() }}, nil
 }
 
 // staleRead reports that a read run on the primary outside a transaction

@@ -121,7 +121,7 @@ const pipelinedAttempts = 4
 // updated). p's route says which (plan.fellBack). A replica whose
 // connection fails is dropped and the next one tried: a read is safe to
 // send again. What each attempt's outcome leads to is the table in next.
-func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, p *plan, trail bool, op *replicaOp) (onPrimary bool, done func(), err error) {
+func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Result, p *plan, trail bool, op *stmtOp) (onPrimary bool, done func(error), err error) {
 	cn.obs = stmtObs{}
 	// r holds the plan and the classification by value, and gives them
 	// back at the end: pointers to the caller's stack in r would make both
@@ -193,7 +193,7 @@ type replicaRead struct {
 	cls   sqlclass.Result
 	p     plan
 	trail bool
-	op    *replicaOp
+	op    *stmtOp
 	// spec: the connection's own capture still on its way, which wm does
 	// not count (pipelined's partial).
 	spec         *pendingCapture
@@ -455,7 +455,7 @@ func (r *replicaRead) refusal(pgErr *pgconn.PgError) outcome {
 }
 
 // served returns an answer that stands, and settles what it saw.
-func (r *replicaRead) served(a *attempt) (bool, func(), error) {
+func (r *replicaRead) served(a *attempt) (bool, func(error), error) {
 	cn, b := r.cn, a.b
 	cn.obs.wm, cn.obs.checked = r.wm, r.checked
 	if a.err != nil {
@@ -483,7 +483,7 @@ func (r *replicaRead) served(a *attempt) (bool, func(), error) {
 		return false, nil, nil
 	}
 	ctx, inj := r.ctx, a.post
-	return false, func() { cn.finishRead(ctx, b, inj, true) }, nil
+	return false, func(error) { cn.finishRead(ctx, b, inj, true) }, nil
 }
 
 // skip passes over b's node after outcome o, for another replica.
@@ -538,7 +538,7 @@ func (r *replicaRead) again(b *backend, o outcome) error {
 
 // positionLost is onReplica's answer when the watermark a read needs could
 // not be read: the context's end, or else the primary.
-func (r *replicaRead) positionLost() (bool, func(), error) {
+func (r *replicaRead) positionLost() (bool, func(error), error) {
 	if err := r.ctx.Err(); err != nil {
 		return false, nil, err
 	}
@@ -547,8 +547,17 @@ func (r *replicaRead) positionLost() (bool, func(), error) {
 
 // fellBack sends the statement to the primary after outcome o on b's
 // replica (b nil: before any attempt).
-func (r *replicaRead) fellBack(b *backend, o outcome) (bool, func(), error) {
+func (r *replicaRead) fellBack(b *backend, o outcome) (bool, func(error), error) {
 	cn := r.cn
+	if r.op.kind == opPgxBatch && (o == outReadOnly || o == outRefusedAsStandby) {
+		// Which of a batch's statements was refused is not known: the
+		// batch goes to the primary, and nothing is learned.
+		if b != nil {
+			r.learn(b, o)
+		}
+		r.p.fellBack(o == outReadOnly)
+		return cn.toPrimary(), nil, nil
+	}
 	switch o {
 	case outReadOnly:
 		cn.c.classes.learnWrite(r.query)

@@ -66,11 +66,23 @@ const (
 // A step of a program.
 type tpStep struct {
 	sess int    // the session (a *sql.Conn); -1: the pool
-	op   string // exec, query, begin, commit, rollback, prepare, sexec, squery, sclose
+	op   string // exec, query, begin, commit, rollback, prepare, sexec, squery, sclose; pgx's: batch, copy
 	sql  string
 	args []any
 	tx   sql.TxOptions
 	stmt int // prepared statement slot
+
+	batch []tpStep // batch: its statements (sql and args)
+	rows  [][]any  // copy: the rows copied into t
+}
+
+// texts is the step's SQL, a batch's statements' joined.
+func (s tpStep) texts() string {
+	t := s.sql
+	for _, b := range s.batch {
+		t += "\n" + b.sql
+	}
+	return t
 }
 
 func (s tpStep) String() string {
@@ -89,6 +101,14 @@ func (s tpStep) String() string {
 		return fmt.Sprintf("%s.stmt%d.%s(%v)", who, s.stmt, strings.TrimPrefix(s.op, "s"), s.args)
 	case "prepare":
 		return fmt.Sprintf("%s.stmt%d = Prepare(%q)", who, s.stmt, s.sql)
+	case "batch":
+		var qs []string
+		for _, q := range s.batch {
+			qs = append(qs, fmt.Sprintf("%q %v", q.sql, q.args))
+		}
+		return fmt.Sprintf("%s.SendBatch(%s)", who, strings.Join(qs, "; "))
+	case "copy":
+		return fmt.Sprintf("%s.CopyFrom(t, %v)", who, s.rows)
 	}
 	return fmt.Sprintf("%s.%s(%q, %v)", who, s.op, s.sql, s.args)
 }
@@ -162,7 +182,7 @@ var transparencyIntended = []tpIntended{
 		id:  "replica-killed",
 		why: "not a difference of pgryw's: while the checker has a replica stopped, the primary's pg_stat_replication lists one standby fewer",
 		accept: func(prog []tpStep, i int, pgx, ryw tpResult) bool {
-			return tpKills.Load() > 0 && strings.Contains(prog[i].sql, "pg_stat_replication") && pgx.err == "" && ryw.err == "" &&
+			return tpKills.Load() > 0 && strings.Contains(prog[i].texts(), "pg_stat_replication") && pgx.err == "" && ryw.err == "" &&
 				slices.Equal(pgx.cols, ryw.cols) && len(pgx.rows) == len(ryw.rows)
 		},
 	},
@@ -211,6 +231,7 @@ var tpReset = []string{
 // tpRun is one run of the checker: its two databases and the faults.
 type tpRun struct {
 	t      *testing.T
+	native bool // pgx's front end: pgryw's Pool against pgxpool
 	seed   int64
 	dbs    [2]string // pgx's, pgryw's
 	nw     *faultnet.Network
@@ -237,11 +258,18 @@ func tpSeedValue(t *testing.T) int64 {
 }
 
 func TestTransparency(t *testing.T) {
+	tpCheck(t, false, "PGRYW_TRANSPARENCY_PROGRAMS", tpDefaultProgs)
+}
+
+// tpCheck runs the checker: database/sql's front end against pgx's stdlib
+// driver, or (native) pgx's, the Pool against pgxpool. progsEnv names the
+// variable that sets how many programs run (def by default).
+func tpCheck(t *testing.T, native bool, progsEnv string, def int) {
 	pgtest.Require(t, cluster)
 	seed := tpSeedValue(t)
 	fmt.Fprintf(os.Stderr, "transparency: seed %d\n", seed)
 	t.Logf("transparency: seed %d", seed)
-	r := &tpRun{t: t, seed: seed, nw: faultnet.New(), faults: os.Getenv("PGRYW_TRANSPARENCY_FAULTS") != "off"}
+	r := &tpRun{t: t, seed: seed, nw: faultnet.New(), faults: os.Getenv("PGRYW_TRANSPARENCY_FAULTS") != "off", native: native}
 	r.nw.OnFire = func(c *faultnet.Conn, _ faultnet.Kind) {
 		if c.Port() != tpPrimaryPort() {
 			tpFaultsFired.Add(1) // a primary fault must not show at all
@@ -250,12 +278,12 @@ func TestTransparency(t *testing.T) {
 	r.setup()
 	setDelay(t, 30*time.Millisecond)
 
-	progs := tpDefaultProgs
+	progs := def
 	var deadline time.Time
-	if s := os.Getenv("PGRYW_TRANSPARENCY_PROGRAMS"); s != "" {
+	if s := os.Getenv(progsEnv); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n <= 0 {
-			t.Fatalf("PGRYW_TRANSPARENCY_PROGRAMS=%q: want a positive integer", s)
+			t.Fatalf("%s=%q: want a positive integer", progsEnv, s)
 		}
 		progs = n
 	}
@@ -270,7 +298,7 @@ func TestTransparency(t *testing.T) {
 	steps := 0
 	for p := 0; p < progs && (deadline.IsZero() || time.Now().Before(deadline)); p++ {
 		pseed := rng.Int64()
-		prog, extra := tpGenerate(rand.New(rand.NewPCG(uint64(pseed), 1)))
+		prog, extra := tpGenerate(rand.New(rand.NewPCG(uint64(pseed), 1)), native)
 		steps += len(prog)
 		if i, pgx, ryw := r.compare(prog, extra, pseed); i >= 0 {
 			min := r.minimize(prog, extra, pseed)
@@ -360,10 +388,16 @@ type tpSide struct {
 	life     context.Context // the program's: transactions begin with it
 	end      context.CancelFunc
 	block    [tpSessions]bool
+
+	native bool // pgx's front end: the fields below, not db, conns, txs, stmts
+	tpNative
 }
 
 // open opens side i (0: pgx, 1: pgryw) for a program.
 func (r *tpRun) open(i int, extra string) (*tpSide, error) {
+	if r.native {
+		return r.openNative(i, extra)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	db := r.dbs[i]
@@ -440,6 +474,10 @@ func (r *tpRun) open(i int, extra string) (*tpSide, error) {
 }
 
 func (s *tpSide) close() {
+	if s.native {
+		s.closeNative()
+		return
+	}
 	for _, st := range s.stmts {
 		st.Close()
 	}
@@ -479,6 +517,9 @@ func (s *tpSide) on(sess int) querier {
 
 // run runs one step and records what it showed.
 func (s *tpSide) run(st tpStep) tpResult {
+	if s.native {
+		return s.runNative(st)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), tpStepTimeout)
 	defer cancel()
 	start := time.Now()
@@ -910,6 +951,7 @@ var tpPrimaryPort = sync.OnceValue(func() uint16 {
 // (a COMMIT ends a transaction that is open) and cannot block one another
 // (each session writes its own rows).
 type tpGen struct {
+	native bool // pgx's front end: batches and COPY too
 	rng    *rand.Rand
 	prog   []tpStep
 	inTx   [tpSessions]bool
@@ -919,8 +961,8 @@ type tpGen struct {
 }
 
 // tpGenerate draws a program and its DSN run-time parameters.
-func tpGenerate(rng *rand.Rand) ([]tpStep, string) {
-	g := &tpGen{rng: rng}
+func tpGenerate(rng *rand.Rand, native bool) ([]tpStep, string) {
+	g := &tpGen{rng: rng, native: native}
 	for len(g.prog) < tpSteps {
 		g.step()
 	}
@@ -1006,6 +1048,8 @@ func (g *tpGen) step() {
 		g.blockStep(s)
 	case x < 82:
 		g.prepared(s)
+	case g.native && x < 90:
+		g.nativeStep(s)
 	default:
 		g.misc(s)
 	}
@@ -1119,6 +1163,12 @@ func (g *tpGen) blockStep(s int) {
 }
 
 func (g *tpGen) prepared(s int) {
+	if g.native && g.inTx[s] && g.roTx[s] {
+		// pgx.Tx.Prepare moves a read-only transaction from its replica
+		// to the primary, where the named statement lives (an intended
+		// difference: its snapshot is the primary's from then on).
+		return
+	}
 	if g.nstmts == 0 || g.rng.IntN(3) == 0 {
 		q := g.pick("SELECT v FROM t WHERE id = $1", "INSERT INTO t VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET v = t.v + 1",
 			"SELECT * FROM no_such_table WHERE id = $1", "SELECT count(*) FROM t")

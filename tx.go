@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgryw/pgryw/internal/lsn"
 	"github.com/pgryw/pgryw/internal/sqlclass"
@@ -20,13 +21,16 @@ import (
 type tx struct {
 	cn        *Conn
 	b         *backend
-	inner     driver.Tx
+	inner     txInner
 	ctx       context.Context
 	onReplica bool
 	wrote     bool // a statement that may write ran: the commit moves the watermark
-	opts      driver.TxOptions
-	ran       bool // a statement ran in it
-	tainted   bool // on a replica: a statement in it may have changed session state
+	// opts are the transaction's options as routing reads them; begin is
+	// the op that opened it, to open it again on the primary (toPrimary).
+	opts    driver.TxOptions
+	begin   stmtOp
+	ran     bool // a statement ran in it
+	tainted bool // on a replica: a statement in it may have changed session state
 	// local: on a replica, the statements run so far whose effects last
 	// the transaction (SET LOCAL, savepoints, cursors), in order: run again
 	// on the primary if the rest of the transaction moves there.
@@ -96,6 +100,28 @@ func (t *tx) readCommitted(ctx context.Context) bool {
 type replayed struct {
 	query string
 	args  []driver.NamedValue
+	pargs []any
+	pgx   bool       // pgx's front end ran it
+	batch *pgx.Batch // a batch of pgx's
+}
+
+// replay runs r on b, within ctx.
+func (r *replayed) replay(ctx context.Context, b *backend) error {
+	switch {
+	case r.batch != nil:
+		// A batch is sent once (pgx keeps what it learned of each
+		// statement in it): the same statements, in a new one.
+		nb := &pgx.Batch{}
+		for _, q := range r.batch.QueuedQueries {
+			nb.Queue(q.SQL, q.Arguments...)
+		}
+		return b.pgx().SendBatch(ctx, nb).Close()
+	case r.pgx:
+		_, err := b.pgx().Exec(ctx, r.query, r.pargs...)
+		return err
+	}
+	_, err := b.exec(ctx, r.query, r.args)
+	return err
 }
 
 // needsPrimary reports that a statement in a read-only transaction on a
@@ -128,8 +154,8 @@ func (t *tx) toPrimary() error {
 	if err := t.reopenOnPrimary(); err != nil {
 		return err
 	}
-	for _, r := range t.local {
-		if _, err := t.b.exec(t.ctx, r.query, r.args); err != nil {
+	for i := range t.local {
+		if err := t.local[i].replay(t.ctx, t.b); err != nil {
 			return err
 		}
 	}
@@ -139,13 +165,27 @@ func (t *tx) toPrimary() error {
 
 // BeginTx implements driver.ConnBeginTx.
 func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	if err := cn.settlePending(ctx, false); err != nil {
-		return nil, err
-	}
 	if cn.c.plain {
+		if err := cn.settlePending(ctx, false); err != nil {
+			return nil, err
+		}
 		t, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 		cn.servedPlain(ctx, true)
 		return t, err
+	}
+	t, err := cn.begin(ctx, opts, stmtOp{kind: opBegin, ctx: ctx, opts: opts})
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// begin opens a transaction with begin (opBegin or opPgxBegin), whose
+// options routing reads as opts: a read-only one on a replica that has
+// replayed the session's watermark, else on the primary.
+func (cn *Conn) begin(ctx context.Context, opts driver.TxOptions, begin stmtOp) (*tx, error) {
+	if err := cn.settlePending(ctx, false); err != nil {
+		return nil, err
 	}
 	cn.obs = stmtObs{}
 	p := cn.planForBegin(ctx, opts)
@@ -155,15 +195,15 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 		// statement, is no older than the watermark. A failed check rolls
 		// the transaction back before anything ran in it.
 		var none sqlclass.Result
-		op := cn.startOp(replicaOp{kind: opBegin, ctx: ctx, opts: opts})
+		op := cn.startOp(begin)
 		onPrimary, _, err := cn.onReplica(ctx, "", &none, &p, false, op)
 		inner, on, checked := op.tx, op.on, op.checked
-		cn.op = replicaOp{}
+		cn.op = stmtOp{}
 		if err != nil {
 			return nil, err
 		}
 		if !onPrimary {
-			cn.tx = &tx{cn: cn, b: on, inner: inner, ctx: ctx, onReplica: true, opts: opts, checked: checked}
+			cn.tx = &tx{cn: cn, b: on, inner: inner, ctx: ctx, onReplica: true, opts: opts, begin: begin, checked: checked}
 			return cn.tx, nil
 		}
 	}
@@ -171,7 +211,8 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 		return nil, err
 	}
 	reset := cn.armReset()
-	inner, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	op := begin
+	err := op.run(cn.primary)
 	if reset != nil {
 		cn.primary.wire.Disarm()
 		cn.settleReset(ctx, reset)
@@ -181,11 +222,12 @@ func (cn *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, 
 		cn.releaseFallback()
 		return nil, err
 	}
-	cn.tx = &tx{cn: cn, b: cn.primary, inner: inner, ctx: ctx, opts: opts}
+	cn.tx = &tx{cn: cn, b: cn.primary, inner: op.tx, ctx: ctx, opts: opts, begin: begin}
 	return cn.tx, nil
 }
 
-func (t *tx) note(query string, args []driver.NamedValue, cls *sqlclass.Result, err error) {
+func (t *tx) note(op *stmtOp, cls *sqlclass.Result, err error) {
+	query := op.query
 	if t.onReplica {
 		// Session state taken in a transaction on a replica would outlive
 		// it there, unknown to pgryw (needsPrimary keeps it off replicas;
@@ -199,7 +241,7 @@ func (t *tx) note(query string, args []driver.NamedValue, cls *sqlclass.Result, 
 			if cls.Tx == sqlclass.TxSavepoint && strings.HasPrefix(strings.ToUpper(strings.TrimSpace(query)), "ROLLBACK") {
 				t.aborted = false
 			}
-			t.local = append(t.local, replayed{query: query, args: slices.Clone(args)})
+			t.local = append(t.local, replayed{query: query, args: slices.Clone(op.args), pargs: slices.Clone(op.pargs), pgx: op.native(), batch: op.batch})
 		}
 		return
 	}
@@ -216,8 +258,8 @@ func (t *tx) note(query string, args []driver.NamedValue, cls *sqlclass.Result, 
 // place classifies a statement of the transaction and, on a replica, moves
 // the transaction to the primary first when the statement must run there
 // or would see more there (needsPrimary, behind).
-func (t *tx) place(ctx context.Context, query string) (sqlclass.Result, error) {
-	cls := t.cn.c.classify(ctx, query)
+func (t *tx) place(ctx context.Context, op *stmtOp) (sqlclass.Result, error) {
+	cls := t.cn.c.classifyOp(ctx, op)
 	if t.needsPrimary(&cls) || t.behind(ctx) {
 		return cls, t.toPrimary()
 	}
@@ -225,37 +267,48 @@ func (t *tx) place(ctx context.Context, query string) (sqlclass.Result, error) {
 }
 
 func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue, st *stmt) (driver.Result, error) {
-	cls, err := t.place(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	res, err := t.b.execVia(ctx, st, query, args)
-	if refused, nodeWide := t.refused(err); refused {
-		if err = t.retryOnPrimary(query, nodeWide, err); err == nil {
-			res, err = t.b.execVia(ctx, st, query, args)
-		}
-	}
-	t.ran = true
-	t.note(query, args, &cls, err)
-	t.served(ctx, query)
-	return res, err
+	op := stmtOp{kind: opExec, ctx: ctx, query: query, args: args, st: st}
+	err := t.run(&op)
+	return op.res, err
 }
 
 func (t *tx) query(ctx context.Context, query string, args []driver.NamedValue, st *stmt) (driver.Rows, error) {
-	cls, err := t.place(ctx, query)
-	if err != nil {
-		return nil, err
+	op := stmtOp{kind: opQuery, ctx: ctx, query: query, args: args, st: st}
+	err := t.run(&op)
+	return op.rows, err
+}
+
+// run runs a statement of the transaction where the transaction is, moving
+// it to the primary first when it must (place) or when its replica
+// refused the statement before running it (refused).
+func (t *tx) run(op *stmtOp) error {
+	if op.native() {
+		// pgx's BeginTx context bounds the BEGIN alone: what the
+		// transaction does for a statement (move to the primary, say) is
+		// bounded by the statement's.
+		t.ctx = op.ctx
 	}
-	rows, err := t.b.queryVia(ctx, st, query, args)
+	cls, err := t.place(op.ctx, op)
+	if err != nil {
+		return err
+	}
+	err = t.runOn(op)
 	if refused, nodeWide := t.refused(err); refused {
-		if err = t.retryOnPrimary(query, nodeWide, err); err == nil {
-			rows, err = t.b.queryVia(ctx, st, query, args)
+		if err = t.retryOnPrimary(op.query, nodeWide, err); err == nil {
+			err = t.runOn(op)
 		}
 	}
 	t.ran = true
-	t.note(query, args, &cls, err)
-	t.served(ctx, query)
-	return rows, err
+	t.note(op, &cls, err)
+	t.served(op.ctx, op.query)
+	return err
+}
+
+// runOn runs op on the transaction's backend. pgx's Query on a replica
+// reads its first row first: a refusal comes with it (refused).
+func (t *tx) runOn(op *stmtOp) error {
+	op.ahead = op.kind == opPgxQuery && t.onReplica
+	return op.run(t.b)
 }
 
 // refused reports that the standby refused the first statement of a
@@ -320,7 +373,7 @@ func (t *tx) moveToPrimary(nodeWide bool) error {
 // one on the primary.
 func (t *tx) reopenOnPrimary() error {
 	cn := t.cn
-	t.inner.Rollback()
+	t.inner.rollback(t.ctx)
 	if t.tainted {
 		cn.dropReplica(t.b)
 		t.tainted = false
@@ -329,12 +382,13 @@ func (t *tx) reopenOnPrimary() error {
 		cn.tx = nil
 		return err
 	}
-	inner, err := cn.primary.conn.(driver.ConnBeginTx).BeginTx(t.ctx, t.opts)
-	if err != nil {
+	op := t.begin
+	op.ctx = t.ctx
+	if err := op.run(cn.primary); err != nil {
 		cn.tx = nil
 		return err
 	}
-	t.inner, t.b, t.onReplica = inner, cn.primary, false
+	t.inner, t.b, t.onReplica = op.tx, cn.primary, false
 	return nil
 }
 
@@ -343,12 +397,12 @@ func (t *tx) reopenOnPrimary() error {
 // Any transaction's end also raises the connection's floor to a position at
 // or past what it read (monotonic reads).
 func (t *tx) Commit() error {
-	return t.end(t.inner.Commit, true)
+	return t.end(func() error { return t.inner.commit(t.ctx) }, true)
 }
 
 // Rollback implements driver.Tx.
 func (t *tx) Rollback() error {
-	return t.end(t.inner.Rollback, false)
+	return t.end(func() error { return t.inner.rollback(t.ctx) }, false)
 }
 
 func (t *tx) end(f func() error, commit bool) error {
@@ -363,12 +417,12 @@ func (t *tx) end(f func() error, commit bool) error {
 		return err
 	}
 	if t.onReplica {
-		op := cn.startOp(replicaOp{kind: opEnd, ctx: t.ctx, end: f})
+		op := cn.startOp(stmtOp{kind: opEnd, ctx: t.ctx, end: f})
 		a := &attempt{ctx: t.ctx, cn: cn, b: t.b, trail: true, op: op}
 		a.read()
 		err := a.err
 		a.finish()
-		cn.op = replicaOp{}
+		cn.op = stmtOp{}
 		if t.tainted {
 			cn.dropReplica(t.b)
 		}

@@ -1,0 +1,190 @@
+package pgryw
+
+import (
+	"context"
+	"database/sql/driver"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgryw/pgryw/internal/lsn"
+)
+
+// The statement as the executors run it. Both front ends hand the core one
+// stmtOp per statement, database/sql's (Conn's entry points) and pgx's
+// (Pool, PoolConn, their transactions): the plan decides where it runs,
+// the executors (runPrimary, onReplica, a transaction) run it on a backend
+// with run, and the front end takes the answer from the op in its own
+// types. So the routing, the waits, the captures and the session state are
+// one code for both.
+
+// opKind is what a stmtOp runs.
+type opKind uint8
+
+const (
+	opQuery    opKind = iota // database/sql QueryContext: driver.Rows
+	opExec                   // database/sql ExecContext: a driver.Result
+	opBegin                  // database/sql BeginTx
+	opEnd                    // the end (COMMIT or ROLLBACK) of a read-only transaction on a replica
+	opPgxQuery               // pgx Query: pgx.Rows
+	opPgxExec                // pgx Exec: a command tag
+	opPgxBatch               // pgx SendBatch: batch results
+	opPgxBegin               // pgx BeginTx
+)
+
+// stmtOp is the application's statement as an executor runs it on the
+// backend it chose, and its answer. A struct kept in the Conn
+// (Conn.startOp) rather than closures over the caller's variables: a
+// routed statement allocates nothing of pgryw's own.
+type stmtOp struct {
+	kind  opKind
+	ctx   context.Context
+	query string
+	args  []driver.NamedValue // database/sql's arguments
+	// st is database/sql's prepared statement: on a backend where it was
+	// prepared, the statement runs through it.
+	st   *stmt
+	opts driver.TxOptions // opBegin
+	end  func() error     // opEnd
+
+	pargs []any         // pgx's arguments, options such as a pgx.QueryExecMode first
+	batch *pgx.Batch    // opPgxBatch
+	popts pgx.TxOptions // opPgxBegin
+	// ahead: pgx's Query reads the first row before returning, as pgx's
+	// stdlib does for database/sql: a replica's check riding in front has
+	// answered by then, and a replica that fails the read before any row
+	// reached the caller is passed over for another node. On the primary
+	// a pgx Query returns as pgx's does, before any answer. For a batch
+	// (on a replica, where an attempt may be discarded and the batch sent
+	// again): what is sent is a copy without the caller's callbacks,
+	// which run from the results that stand (pgxBatch.Close).
+	ahead bool
+
+	ok      bool    // run succeeded: there is an answer to discard
+	checked lsn.LSN // the watermark the replica was known or checked to have replayed
+	rows    driver.Rows
+	res     driver.Result
+	tx      txInner  // opBegin, opPgxBegin
+	on      *backend // opBegin, opPgxBegin: where tx is open
+
+	prows pgx.Rows
+	more  bool  // ahead: what the first Next said
+	qerr  error // opPgxQuery: the error pgx's Query returned; the others reach the caller through the rows
+	tag   pgconn.CommandTag
+	bres  pgx.BatchResults
+}
+
+// native reports whether the op is pgx's front end's: its errors reach the
+// caller as pgx gives them, with no database/sql retry behind them.
+func (o *stmtOp) native() bool { return o.kind >= opPgxQuery }
+
+// begins reports whether the op opens a transaction.
+func (o *stmtOp) begins() bool { return o.kind == opBegin || o.kind == opPgxBegin }
+
+// open reports whether a successful op's answer is still to be read by the
+// caller (rows, batch results): the statement's outcome is known once it
+// has been.
+func (o *stmtOp) open() bool {
+	return o.kind == opQuery || o.kind == opPgxQuery || o.kind == opPgxBatch
+}
+
+// lazy reports whether run returns before any of the server's answer has
+// been read: whatever rode in front of the statement is read explicitly.
+func (o *stmtOp) lazy() bool { return o.kind == opPgxBatch || o.kind == opPgxQuery && !o.ahead }
+
+// run sends the statement on b.
+func (o *stmtOp) run(b *backend) error {
+	var err error
+	switch o.kind {
+	case opQuery:
+		o.rows, err = b.queryVia(o.ctx, o.st, o.query, o.args)
+	case opExec:
+		o.res, err = b.execVia(o.ctx, o.st, o.query, o.args)
+	case opBegin:
+		var t driver.Tx
+		if t, err = b.conn.(driver.ConnBeginTx).BeginTx(o.ctx, o.opts); err == nil {
+			o.tx, o.on = sqlTx{t}, b
+		}
+	case opEnd:
+		err = o.end()
+	case opPgxQuery:
+		err = o.pgxQuery(b)
+	case opPgxExec:
+		o.tag, err = b.pgx().Exec(o.ctx, o.query, o.pargs...)
+	case opPgxBatch:
+		bt := o.batch
+		if o.ahead {
+			bt = bareBatch(bt)
+		}
+		o.bres = b.pgx().SendBatch(o.ctx, bt)
+	case opPgxBegin:
+		var t pgx.Tx
+		if t, err = b.pgx().BeginTx(o.ctx, o.popts); err == nil {
+			o.tx, o.on = pgxTx{t}, b
+		}
+	}
+	o.ok = err == nil
+	return err
+}
+
+// pgxQuery runs pgx's Query, and with ahead reads the first row: its error,
+// or the rows', is the statement's.
+func (o *stmtOp) pgxQuery(b *backend) error {
+	o.prows, o.qerr = b.pgx().Query(o.ctx, o.query, o.pargs...)
+	o.more = false
+	if o.qerr != nil || !o.ahead {
+		return o.qerr
+	}
+	o.more = o.prows.Next()
+	return o.prows.Err()
+}
+
+// discard throws away an answer that will not be used: after it, the op
+// holds none.
+func (o *stmtOp) discard() {
+	if o.ok {
+		switch o.kind {
+		case opQuery:
+			o.rows.Close()
+		case opBegin, opPgxBegin:
+			o.tx.rollback(o.ctx)
+		case opPgxQuery:
+			o.prows.Close()
+		case opPgxBatch:
+			o.bres.Close()
+		}
+	}
+	o.ok = false
+	o.rows, o.res, o.tx, o.on = nil, nil, nil, nil
+	o.prows, o.qerr, o.more, o.bres = nil, nil, false, nil
+}
+
+// txInner is a front end's open transaction on one backend: database/sql's
+// driver.Tx or pgx's pgx.Tx.
+type txInner interface {
+	commit(ctx context.Context) error
+	rollback(ctx context.Context) error
+}
+
+// sqlTx is database/sql's transaction, as pgx's stdlib driver opened it.
+type sqlTx struct{ driver.Tx }
+
+func (t sqlTx) commit(context.Context) error   { return t.Tx.Commit() }
+func (t sqlTx) rollback(context.Context) error { return t.Tx.Rollback() }
+
+// pgxTx is pgx's transaction.
+type pgxTx struct{ pgx.Tx }
+
+func (t pgxTx) commit(ctx context.Context) error   { return t.Tx.Commit(ctx) }
+func (t pgxTx) rollback(ctx context.Context) error { return t.Tx.Rollback(ctx) }
+
+// bareBatch returns a new batch of b's statements without their callbacks:
+// pgx keeps what it learned of each statement in the batch it sent (a
+// batch is sent once), and an attempt that is discarded must not run the
+// caller's callbacks.
+func bareBatch(b *pgx.Batch) *pgx.Batch {
+	nb := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, len(b.QueuedQueries))}
+	for i, q := range b.QueuedQueries {
+		nb.QueuedQueries[i] = &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments}
+	}
+	return nb
+}

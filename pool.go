@@ -1,0 +1,747 @@
+package pgryw
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
+)
+
+// pgx's front end: a pool with pgxpool's methods, for code written against
+// pgx rather than database/sql (pgxpool, sqlc's pgx/v5 DBTX). Each of its
+// connections is a Conn, the same as database/sql's: a primary connection
+// and a connection per replica opened when a read first needs it, with the
+// same routing, waits, captures, watermarks, sessions and bounds.
+
+// PoolConfig configures a Pool: pgryw's settings, the primary's pgx
+// configuration, and the pool's own, under pgxpool.Config's names. Build
+// one with ParsePoolConfig.
+type PoolConfig struct {
+	// Config holds pgryw's settings: the replicas, the waits and their
+	// policies, the DSN keys of the README.
+	Config *Config
+	// ConnConfig is the primary's pgx configuration; each replica's is a
+	// copy with its own host and port, as for database/sql (see Config).
+	// Set pgx's options here: Tracer, DefaultQueryExecMode,
+	// StatementCacheCapacity, OnNotice, OnNotification... They apply to
+	// every connection of the pool's, replicas included.
+	ConnConfig *pgx.ConnConfig
+
+	// BeforeConnect is called before each new server connection, primary
+	// or replica (and those of pgryw's own monitor), with a copy of its
+	// configuration, which it may change (a password that rotates).
+	BeforeConnect func(context.Context, *pgx.ConnConfig) error
+	// AfterConnect is called on each new server connection of the pool's,
+	// the primary's and each replica's (a read may run on any): register
+	// types here. It must not write: a replica refuses writes.
+	AfterConnect func(context.Context, *pgx.Conn) error
+	// BeforeAcquire is called with the connection's primary pgx connection
+	// before the pool hands it out; false destroys it and another is
+	// taken.
+	//
+	// Deprecated: use PrepareConn, as with pgxpool; when both are set
+	// PrepareConn is used.
+	BeforeAcquire func(context.Context, *pgx.Conn) bool
+	// PrepareConn is called with the connection's primary pgx connection
+	// before the pool hands it out, with pgxpool's meaning: true and nil
+	// hands it out; false destroys it (and with a nil error another is
+	// taken); an error fails the call that wanted it.
+	PrepareConn func(context.Context, *pgx.Conn) (bool, error)
+	// AfterRelease is called with the connection's primary pgx connection
+	// when it is released; false destroys it instead of keeping it.
+	AfterRelease func(*pgx.Conn) bool
+	// BeforeClose is called with the connection's primary pgx connection
+	// before the pool closes it.
+	BeforeClose func(*pgx.Conn)
+
+	// MaxConns bounds the pool's connections (each one a primary
+	// connection and up to one per replica). DSN key pool_max_conns;
+	// default the greater of 4 and runtime.NumCPU().
+	MaxConns int32
+	// MinConns: connections the pool keeps open. DSN key pool_min_conns;
+	// default 0.
+	MinConns int32
+	// MinIdleConns: idle connections the pool keeps ready. DSN key
+	// pool_min_idle_conns; default 0.
+	MinIdleConns int32
+	// MaxConnLifetime: a connection older than this is closed (DSN key
+	// pool_max_conn_lifetime; default 1h), with up to
+	// MaxConnLifetimeJitter more at random (pool_max_conn_lifetime_jitter;
+	// default 0).
+	MaxConnLifetime       time.Duration
+	MaxConnLifetimeJitter time.Duration
+	// MaxConnIdleTime: an idle connection is closed after this long
+	// (pool_max_conn_idle_time; default 30m).
+	MaxConnIdleTime time.Duration
+	// HealthCheckPeriod is how often idle connections are looked at
+	// (pool_health_check_period; default 1m).
+	HealthCheckPeriod time.Duration
+	// PingTimeout bounds the check of a connection idle for more than a
+	// second before it is handed out (pool_ping_timeout; default 0: the
+	// caller's context only).
+	PingTimeout time.Duration
+}
+
+// Defaults of the pool_* DSN keys, as pgxpool's.
+const (
+	defaultMinPoolConns      = 4
+	defaultMaxConnLifetime   = time.Hour
+	defaultMaxConnIdleTime   = 30 * time.Minute
+	defaultHealthCheckPeriod = time.Minute
+)
+
+// ParsePoolConfig parses a DSN as ParseDSN does (any pgx connection string
+// for the primary, plus pgryw's keys) and, as pgxpool.ParseConfig does,
+// the pool's keys: pool_max_conns, pool_min_conns, pool_min_idle_conns,
+// pool_max_conn_lifetime, pool_max_conn_lifetime_jitter,
+// pool_max_conn_idle_time, pool_health_check_period and
+// pool_ping_timeout.
+func ParsePoolConfig(dsn string) (*PoolConfig, error) {
+	cfg, err := ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := cfg.primaryConfig()
+	if err != nil {
+		return nil, err
+	}
+	pc := &PoolConfig{
+		Config:            cfg,
+		ConnConfig:        cc,
+		MaxConns:          max(defaultMinPoolConns, int32(min(runtime.NumCPU(), 1<<30))),
+		MaxConnLifetime:   defaultMaxConnLifetime,
+		MaxConnIdleTime:   defaultMaxConnIdleTime,
+		HealthCheckPeriod: defaultHealthCheckPeriod,
+	}
+	for _, k := range poolKeys {
+		v, ok := cc.RuntimeParams[k.key]
+		if !ok {
+			continue
+		}
+		delete(cc.RuntimeParams, k.key)
+		if err := k.parse(pc, v); err != nil {
+			return nil, err
+		}
+	}
+	return pc, nil
+}
+
+// poolKey is one of the pool's DSN keys.
+type poolKey struct {
+	key   string
+	parse func(pc *PoolConfig, v string) error
+}
+
+var poolKeys = []poolKey{
+	{"pool_max_conns", func(pc *PoolConfig, v string) (err error) {
+		pc.MaxConns, err = parsePoolInt("pool_max_conns", v, 1)
+		return err
+	}},
+	{"pool_min_conns", func(pc *PoolConfig, v string) (err error) {
+		pc.MinConns, err = parsePoolInt("pool_min_conns", v, 0)
+		return err
+	}},
+	{"pool_min_idle_conns", func(pc *PoolConfig, v string) (err error) {
+		pc.MinIdleConns, err = parsePoolInt("pool_min_idle_conns", v, 0)
+		return err
+	}},
+	{"pool_max_conn_lifetime", func(pc *PoolConfig, v string) (err error) {
+		pc.MaxConnLifetime, err = parsePoolDuration("pool_max_conn_lifetime", v)
+		return err
+	}},
+	{"pool_max_conn_lifetime_jitter", func(pc *PoolConfig, v string) (err error) {
+		pc.MaxConnLifetimeJitter, err = parsePoolDuration("pool_max_conn_lifetime_jitter", v)
+		return err
+	}},
+	{"pool_max_conn_idle_time", func(pc *PoolConfig, v string) (err error) {
+		pc.MaxConnIdleTime, err = parsePoolDuration("pool_max_conn_idle_time", v)
+		return err
+	}},
+	{"pool_health_check_period", func(pc *PoolConfig, v string) (err error) {
+		pc.HealthCheckPeriod, err = parsePoolDuration("pool_health_check_period", v)
+		return err
+	}},
+	{"pool_ping_timeout", func(pc *PoolConfig, v string) (err error) {
+		pc.PingTimeout, err = parsePoolDuration("pool_ping_timeout", v)
+		return err
+	}},
+}
+
+func parsePoolInt(key, v string, least int64) (int32, error) {
+	n, err := strconv.ParseInt(v, 10, 32)
+	if err != nil || n < least {
+		return 0, badValue(key, v, "an integer from "+strconv.FormatInt(least, 10)+" to 2147483647")
+	}
+	return int32(n), nil
+}
+
+func parsePoolDuration(key, v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, badValue(key, v, "a Go duration (1h30m, 90s)")
+	}
+	return d, nil
+}
+
+// Copy returns a copy of pc, with copies of its Config and ConnConfig.
+func (pc *PoolConfig) Copy() *PoolConfig {
+	cp := *pc
+	if pc.Config != nil {
+		cp.Config = pc.Config.Clone()
+	}
+	if pc.ConnConfig != nil {
+		cp.ConnConfig = pc.ConnConfig.Copy()
+	}
+	return &cp
+}
+
+// Pool is a pool of connections with pgxpool.Pool's methods, whose reads
+// run on replicas that have replayed the session's writes. Its Query
+// returns pgx.Rows, its Begin a pgx.Tx, and errors are pgx's own. A
+// statement run on the Pool itself, like database/sql's *sql.DB, takes any
+// connection: with session_scope=db (the default) a read still sees every
+// write of the pool's; Acquire a PoolConn, or use WithSession, to keep a
+// session of one's own.
+type Pool struct {
+	c   *Connector
+	p   *puddle.Pool[*poolConn]
+	cfg *PoolConfig
+
+	prepare func(context.Context, *pgx.Conn) (bool, error)
+
+	newConns, lifetimeDestroys, idleDestroys atomic.Int64
+
+	closeOnce sync.Once
+	closed    chan struct{}
+	check     chan struct{} // a health check is due now
+}
+
+// poolConn is one of the pool's connections.
+type poolConn struct {
+	cn      *Conn
+	expires time.Time // zero: never
+	used    bool      // handed out before: checked before it is again
+}
+
+// NewPool parses dsn with ParsePoolConfig and opens a pool with it.
+func NewPool(ctx context.Context, dsn string) (*Pool, error) {
+	pc, err := ParsePoolConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return NewPoolWithConfig(ctx, pc)
+}
+
+// NewPoolWithConfig opens a pool with pc (copied: later changes have no
+// effect). As with pgxpool, no connection is made before the first is
+// needed, but MinConns and MinIdleConns are made in the background.
+func NewPoolWithConfig(ctx context.Context, pc *PoolConfig) (*Pool, error) {
+	if pc == nil || pc.Config == nil {
+		return nil, errors.New("pgryw: PoolConfig without a Config: build it with ParsePoolConfig")
+	}
+	if pc.MaxConns < 1 {
+		return nil, errors.New("pgryw: PoolConfig.MaxConns must be at least 1")
+	}
+	pc = pc.Copy()
+	base := pc.ConnConfig
+	if base == nil {
+		var err error
+		if base, err = pc.Config.primaryConfig(); err != nil {
+			return nil, err
+		}
+	}
+	if base.ConnectTimeout <= 0 {
+		// A connection the pool makes goes on when the caller that wanted
+		// it gives up: it must not hang for ever.
+		base.ConnectTimeout = 2 * time.Minute
+	}
+	c, err := newConnector(pc.Config, connHooks{base: base, before: pc.BeforeConnect, after: pc.AfterConnect})
+	if err != nil {
+		return nil, err
+	}
+	p := &Pool{c: c, cfg: pc, closed: make(chan struct{}), check: make(chan struct{}, 1), prepare: pc.PrepareConn}
+	if p.prepare == nil && pc.BeforeAcquire != nil {
+		before := pc.BeforeAcquire
+		p.prepare = func(ctx context.Context, conn *pgx.Conn) (bool, error) { return before(ctx, conn), nil }
+	}
+	p.p, err = puddle.NewPool(&puddle.Config[*poolConn]{
+		Constructor: p.connect,
+		Destructor:  p.destroy,
+		MaxSize:     pc.MaxConns,
+	})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	go func() {
+		p.fill(context.WithoutCancel(ctx), int(max(pc.MinConns, pc.MinIdleConns)))
+		p.healthLoop()
+	}()
+	return p, nil
+}
+
+// connect makes one of the pool's connections.
+func (p *Pool) connect(ctx context.Context) (*poolConn, error) {
+	p.newConns.Add(1)
+	dc, err := p.c.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pc := &poolConn{cn: dc.(*Conn)}
+	if lt := p.cfg.MaxConnLifetime; lt > 0 {
+		jitter := time.Duration(rand.Int64N(int64(p.cfg.MaxConnLifetimeJitter) + 1))
+		pc.expires = time.Now().Add(lt + jitter)
+	}
+	return pc, nil
+}
+
+// destroy closes one of the pool's connections.
+func (p *Pool) destroy(pc *poolConn) {
+	if p.cfg.BeforeClose != nil {
+		p.cfg.BeforeClose(pc.cn.primary.pgx())
+	}
+	pc.cn.Close()
+}
+
+func (pc *poolConn) expired() bool {
+	return !pc.expires.IsZero() && time.Now().After(pc.expires)
+}
+
+// Acquire takes a connection from the pool, for statements that must share
+// one session (its watermark, its settings, an Exec'd transaction block);
+// Release gives it back.
+func (p *Pool) Acquire(ctx context.Context) (*PoolConn, error) {
+	// As many tries as the pool has connections, and one: a pool of
+	// broken connections still gets a new one.
+	for range int(p.cfg.MaxConns) + 1 {
+		res, err := p.p.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		pc := res.Value()
+		if pc.expired() {
+			p.lifetimeDestroys.Add(1)
+			res.Destroy()
+			continue
+		}
+		if pc.used {
+			if err := p.reset(ctx, pc.cn); err != nil {
+				res.Destroy()
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				continue
+			}
+		}
+		if p.prepare != nil {
+			ok, err := p.prepare(ctx, pc.cn.primary.pgx())
+			if !ok {
+				res.Destroy()
+			}
+			if err != nil {
+				if ok {
+					res.Release()
+				}
+				return nil, err
+			}
+			if !ok {
+				continue
+			}
+		}
+		pc.used = true
+		return &PoolConn{res: res, p: p}, nil
+	}
+	return nil, errors.New("pgryw: too many failed attempts to acquire a connection (PrepareConn or BeforeAcquire refused them all, or none could be used)")
+}
+
+// reset readies a connection handed out before, as database/sql's
+// ResetSession: what its last user left to settle is settled, a primary
+// connection the server ended while idle is replaced, and one idle for
+// more than a second is pinged (within PingTimeout, if set).
+func (p *Pool) reset(ctx context.Context, cn *Conn) error {
+	if t := p.cfg.PingTimeout; t > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t)
+		defer cancel()
+	}
+	return cn.ResetSession(ctx)
+}
+
+// AcquireFunc acquires a connection, calls f with it and releases it.
+func (p *Pool) AcquireFunc(ctx context.Context, f func(*PoolConn) error) error {
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	return f(c)
+}
+
+// Exec runs sql on a connection of the pool's, as pgxpool.Pool.Exec does.
+func (p *Pool) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer c.Release()
+	return c.Exec(ctx, sql, args...)
+}
+
+// Query runs sql on a connection of the pool's, which goes back to the pool
+// when the rows are closed, as with pgxpool.Pool.Query.
+func (p *Pool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return errRows{err: err}, err
+	}
+	return c.cn().pgxQuery(ctx, sql, args, c.releaser())
+}
+
+// QueryRow runs sql on a connection of the pool's; the row's Scan gives it
+// back.
+func (p *Pool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return &pgxRow{rows: errRows{err: err}}
+	}
+	return c.cn().pgxQueryRow(ctx, sql, args, c.releaser())
+}
+
+// SendBatch sends b on a connection of the pool's, which goes back when
+// the results are closed (or, for a batch that begins a transaction with
+// pgx.Batch.BeginTx, when that transaction ends). A batch that only reads
+// runs on a replica after one wait for the whole batch; one with anything
+// else on the primary, and its commit moves the watermark.
+func (p *Pool) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return c.cn().pgxBatch(ctx, b, c.releaser())
+}
+
+// CopyFrom copies rows into a table on the primary, as pgx's CopyFrom, and
+// moves the watermark.
+func (p *Pool) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Release()
+	return c.CopyFrom(ctx, table, columns, src)
+}
+
+// Begin begins a transaction on a connection of the pool's, as
+// pgxpool.Pool.Begin; its Commit or Rollback gives the connection back.
+func (p *Pool) Begin(ctx context.Context) (pgx.Tx, error) {
+	return p.BeginTx(ctx, pgx.TxOptions{})
+}
+
+// BeginTx is Begin with options. A read-only transaction
+// (pgx.TxOptions.AccessMode pgx.ReadOnly) may run on a replica that has
+// replayed the session's writes.
+func (p *Pool) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, err := c.cn().pgxBegin(ctx, opts)
+	if err != nil {
+		c.Release()
+		return nil, err
+	}
+	t.release = c.releaser()
+	return t, nil
+}
+
+// Ping checks a connection of the pool's primary.
+func (p *Pool) Ping(ctx context.Context) error {
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	return c.Ping(ctx)
+}
+
+// Close closes the pool's connections, once each is released, and its
+// monitor; calls after it fail.
+func (p *Pool) Close() {
+	p.closeOnce.Do(func() {
+		close(p.closed)
+		p.p.Close()
+		p.c.Close()
+	})
+}
+
+// Reset closes every connection of the pool's (those handed out when they
+// are released), leaving the pool open.
+func (p *Pool) Reset() { p.p.Reset() }
+
+// Config returns a copy of the pool's configuration.
+func (p *Pool) Config() *PoolConfig { return p.cfg.Copy() }
+
+// Connector returns the pool's connector: its Stats, NodeStats, SetServedBy
+// and the rest are the pool's.
+func (p *Pool) Connector() *Connector { return p.c }
+
+// Stats returns the pool's routing statistics (Connector.Stats).
+func (p *Pool) Stats() Stats { return p.c.Stats() }
+
+// Stat returns the pool's connection statistics, with pgxpool.Stat's
+// methods.
+func (p *Pool) Stat() *PoolStat {
+	return &PoolStat{s: p.p.Stat(), newConns: p.newConns.Load(), lifetimeDestroys: p.lifetimeDestroys.Load(), idleDestroys: p.idleDestroys.Load()}
+}
+
+// fill makes up to n idle connections, within a minute.
+func (p *Pool) fill(ctx context.Context, n int) error {
+	if n <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			err := p.p.CreateResource(ctx)
+			if errors.Is(err, puddle.ErrNotAvailable) {
+				err = nil // the pool filled up meanwhile
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range n {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// healthLoop looks at the idle connections every HealthCheckPeriod, and
+// soon after one was destroyed: it closes those past their lifetime or idle
+// for too long, and makes up MinConns and MinIdleConns.
+func (p *Pool) healthLoop() {
+	period := p.cfg.HealthCheckPeriod
+	if period <= 0 {
+		period = defaultHealthCheckPeriod
+	}
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.closed:
+			return
+		case <-p.check:
+		case <-t.C:
+		}
+		p.checkHealth()
+	}
+}
+
+func (p *Pool) checkHealth() {
+	st := p.p.Stat()
+	want := max(p.cfg.MinConns-st.TotalResources(), p.cfg.MinIdleConns-st.IdleResources())
+	if err := p.fill(context.Background(), int(want)); err != nil {
+		return // below MinConns already: close nothing
+	}
+	total := p.p.Stat().TotalResources()
+	for _, res := range p.p.AcquireAllIdle() {
+		pc := res.Value()
+		switch {
+		case pc.expired() && total >= p.cfg.MinConns:
+			p.lifetimeDestroys.Add(1)
+			res.Destroy()
+			total--
+		case p.cfg.MaxConnIdleTime > 0 && res.IdleDuration() > p.cfg.MaxConnIdleTime && total > p.cfg.MinConns:
+			p.idleDestroys.Add(1)
+			res.Destroy()
+			total--
+		default:
+			res.ReleaseUnused()
+		}
+	}
+}
+
+// dropped asks for a health check soon: a connection was destroyed, and
+// MinConns may need making up.
+func (p *Pool) dropped() {
+	select {
+	case p.check <- struct{}{}:
+	default:
+	}
+}
+
+// PoolStat is a snapshot of a Pool's connection statistics, with
+// pgxpool.Stat's methods.
+type PoolStat struct {
+	s                                        *puddle.Stat
+	newConns, lifetimeDestroys, idleDestroys int64
+}
+
+// AcquireCount is the number of connections handed out.
+func (s *PoolStat) AcquireCount() int64 { return s.s.AcquireCount() }
+
+// AcquireDuration is the time spent waiting for them.
+func (s *PoolStat) AcquireDuration() time.Duration { return s.s.AcquireDuration() }
+
+// AcquiredConns is the number of connections handed out now.
+func (s *PoolStat) AcquiredConns() int32 { return s.s.AcquiredResources() }
+
+// CanceledAcquireCount is the number of acquires given up by their context.
+func (s *PoolStat) CanceledAcquireCount() int64 { return s.s.CanceledAcquireCount() }
+
+// ConstructingConns is the number of connections being made now.
+func (s *PoolStat) ConstructingConns() int32 { return s.s.ConstructingResources() }
+
+// EmptyAcquireCount is the number of acquires that found no idle
+// connection.
+func (s *PoolStat) EmptyAcquireCount() int64 { return s.s.EmptyAcquireCount() }
+
+// EmptyAcquireWaitTime is the time those waited.
+func (s *PoolStat) EmptyAcquireWaitTime() time.Duration { return s.s.EmptyAcquireWaitTime() }
+
+// IdleConns is the number of idle connections.
+func (s *PoolStat) IdleConns() int32 { return s.s.IdleResources() }
+
+// MaxConns is the pool's MaxConns.
+func (s *PoolStat) MaxConns() int32 { return s.s.MaxResources() }
+
+// TotalConns is the number of connections, idle, handed out or being made.
+func (s *PoolStat) TotalConns() int32 { return s.s.TotalResources() }
+
+// NewConnsCount is the number of connections made.
+func (s *PoolStat) NewConnsCount() int64 { return s.newConns }
+
+// MaxLifetimeDestroyCount is the number of connections closed past
+// MaxConnLifetime.
+func (s *PoolStat) MaxLifetimeDestroyCount() int64 { return s.lifetimeDestroys }
+
+// MaxIdleDestroyCount is the number of connections closed past
+// MaxConnIdleTime.
+func (s *PoolStat) MaxIdleDestroyCount() int64 { return s.idleDestroys }
+
+// PoolConn is a connection acquired from a Pool, with pgxpool.Conn's
+// methods: its statements share one session (its watermark, settings and
+// transaction blocks). Release gives it back.
+type PoolConn struct {
+	res *puddle.Resource[*poolConn]
+	p   *Pool
+}
+
+func (c *PoolConn) cn() *Conn { return c.res.Value().cn }
+
+// releaser returns c.Release, for rows, results and transactions that give
+// the connection back when they end.
+func (c *PoolConn) releaser() func() { return c.Release }
+
+// Release gives the connection back to its pool; calls after the first do
+// nothing. A connection left in a transaction, or broken, is closed.
+func (c *PoolConn) Release() {
+	res := c.res
+	if res == nil {
+		return
+	}
+	c.res = nil
+	p := c.p
+	cn := res.Value().cn
+	if cn.tx != nil || cn.primary.closed() || !cn.primary.idle() || cn.primary.pg.IsBusy() {
+		res.Destroy()
+		p.dropped()
+		return
+	}
+	if res.Value().expired() {
+		p.lifetimeDestroys.Add(1)
+		res.Destroy()
+		p.dropped()
+		return
+	}
+	after := p.cfg.AfterRelease
+	if after == nil {
+		res.Release()
+		return
+	}
+	go func() {
+		if after(cn.primary.pgx()) {
+			res.Release()
+			return
+		}
+		res.Destroy()
+		p.dropped()
+	}()
+}
+
+// Exec runs sql, as pgx's Exec: on a replica when it only reads, else on
+// the primary.
+func (c *PoolConn) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return c.cn().pgxExec(ctx, sql, args)
+}
+
+// Query runs sql, as pgx's Query.
+func (c *PoolConn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return c.cn().pgxQuery(ctx, sql, args, nil)
+}
+
+// QueryRow runs sql, as pgx's QueryRow.
+func (c *PoolConn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return c.cn().pgxQueryRow(ctx, sql, args, nil)
+}
+
+// SendBatch sends b, as pgx's SendBatch (see Pool.SendBatch).
+func (c *PoolConn) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return c.cn().pgxBatch(ctx, b, nil)
+}
+
+// CopyFrom copies rows into a table on the primary, and moves the
+// watermark.
+func (c *PoolConn) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	return c.cn().pgxCopyFrom(ctx, table, columns, src)
+}
+
+// Begin begins a transaction, as pgx's Begin.
+func (c *PoolConn) Begin(ctx context.Context) (pgx.Tx, error) {
+	return c.BeginTx(ctx, pgx.TxOptions{})
+}
+
+// BeginTx begins a transaction with options (see Pool.BeginTx).
+func (c *PoolConn) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	t, err := c.cn().pgxBegin(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Ping checks the primary connection.
+func (c *PoolConn) Ping(ctx context.Context) error {
+	cn := c.cn()
+	if err := cn.pgxStart(ctx); err != nil {
+		return err
+	}
+	if err := cn.checkPrimary(ctx); err != nil {
+		return cn.pgxError(err)
+	}
+	return cn.primary.pgx().Ping(ctx)
+}
+
+// Conn returns the primary's pgx connection. Statements sent through it
+// directly are not routed and do not move the watermark: use RunOnPrimary
+// for writes.
+func (c *PoolConn) Conn() *pgx.Conn { return c.cn().primary.pgx() }
+
+// RunOnPrimary runs f with the primary's pgx connection, and then counts
+// whatever f did as a write (see Conn.RunOnPrimary).
+func (c *PoolConn) RunOnPrimary(ctx context.Context, f func(*pgx.Conn) error) error {
+	cn := c.cn()
+	return cn.pgxError(cn.RunOnPrimary(ctx, f))
+}

@@ -1,0 +1,375 @@
+package pgryw_test
+
+// TestTransparencyPgx is TestTransparency for pgx's front end: the same
+// random programs (and batches, and COPY) run through pgryw's Pool, its
+// acquired PoolConns and their pgx.Tx, against pgryw's primary and two
+// lagging replicas under faults, and through pgxpool on the primary alone;
+// every step is compared as TestTransparency compares them.
+//
+//	go test -run TestTransparencyPgx -args -tseed=N     replays a seed
+//	PGRYW_TRANSPARENCY_PGX_PROGRAMS=N                   programs to run
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgryw/pgryw"
+)
+
+const tpPgxDefaultProgs = 20
+
+func TestTransparencyPgx(t *testing.T) {
+	tpCheck(t, true, "PGRYW_TRANSPARENCY_PGX_PROGRAMS", tpPgxDefaultProgs)
+}
+
+// tpPgxConn is what a program's session is on pgx's side and on pgryw's:
+// a *pgxpool.Conn or a *pgryw.PoolConn.
+type tpPgxConn interface {
+	tpPgxQuerier
+	BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	Conn() *pgx.Conn
+	Release()
+}
+
+// tpPgxQuerier is what a step runs on: a pool, a connection or a
+// transaction.
+type tpPgxQuerier interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+	CopyFrom(context.Context, pgx.Identifier, []string, pgx.CopyFromSource) (int64, error)
+}
+
+// tpNative is a side's state for pgx's front end.
+type tpNative struct {
+	xpool  *pgxpool.Pool // pgx's side
+	pool   *pgryw.Pool   // pgryw's side
+	pconns [tpSessions]tpPgxConn
+	ptxs   [tpSessions]pgx.Tx
+}
+
+// openNative opens side i (0: pgxpool, 1: pgryw's Pool) for a program.
+func (r *tpRun) openNative(i int, extra string) (*tpSide, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db := r.dbs[i]
+	reset, err := pgx.Connect(ctx, tpDSN(db, ""))
+	if err != nil {
+		return nil, err
+	}
+	for _, q := range tpReset {
+		if _, err := reset.Exec(ctx, q); err != nil {
+			reset.Close(ctx)
+			return nil, err
+		}
+	}
+	reset.Close(ctx)
+	s := &tpSide{native: true, txOpen: &r.txOpen}
+	s.opening = func() { s.txOpen.Add(1) }
+	s.life, s.end = context.WithCancel(context.Background())
+	// Sessions hold one connection each; the pool's own statements take
+	// one more.
+	size := "&pool_max_conns=" + strconv.Itoa(tpSessions+1)
+	if i == 0 {
+		s.xpool, err = pgxpool.New(ctx, tpDSN(db, extra)+size)
+	} else {
+		s.opening = func() {
+			r.faultMu.Lock()
+			r.txOpen.Add(1)
+			for _, c := range r.nw.Conns(0) {
+				if c.Port() != tpPrimaryPort() {
+					c.Disarm()
+				}
+			}
+			r.faultMu.Unlock()
+		}
+		dsn := tpDSN(db, extra) + size + "&wait_timeout=300ms&replicas=" + strings.Join(cluster.ReplicaAddrs(), ",")
+		if r.ryw != "" {
+			dsn += "&" + r.ryw
+		}
+		var pc *pgryw.PoolConfig
+		if pc, err = pgryw.ParsePoolConfig(dsn); err == nil {
+			if s.pool, err = pgryw.NewPoolWithConfig(ctx, pc); err == nil {
+				pgryw.SetNetHook(s.pool.Connector(), r.nw.Wrap)
+			}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if s.obs, err = pgx.Connect(ctx, tpDSN(db, "")); err != nil {
+		s.closeNative()
+		return nil, err
+	}
+	if _, err := s.obs.Exec(ctx, "LISTEN "+tpChannel); err != nil {
+		s.closeNative()
+		return nil, err
+	}
+	s.held = map[string]bool{}
+	for k := range s.pconns {
+		if i == 0 {
+			c, err := s.xpool.Acquire(ctx)
+			if err != nil {
+				s.closeNative()
+				return nil, err
+			}
+			s.pconns[k] = c
+			continue
+		}
+		c, err := s.pool.Acquire(ctx)
+		if err != nil {
+			s.closeNative()
+			return nil, err
+		}
+		s.pconns[k] = c
+		if a := pgryw.PoolConnPrimaryAddr(c); a != nil {
+			s.held[a.String()] = true
+		}
+	}
+	return s, nil
+}
+
+func (s *tpSide) closeNative() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for k, tx := range s.ptxs {
+		if tx != nil {
+			tx.Rollback(ctx)
+			s.ptxs[k] = nil
+		}
+	}
+	s.txOpen.Store(0)
+	for k, c := range s.pconns {
+		if c != nil {
+			c.Release()
+			s.pconns[k] = nil
+		}
+	}
+	if s.xpool != nil {
+		s.xpool.Close()
+	}
+	if s.pool != nil {
+		s.pool.Close()
+	}
+	if s.obs != nil {
+		s.obs.Close(ctx)
+	}
+	s.end()
+}
+
+// pq is what a step of session sess runs on.
+func (s *tpSide) pq(sess int) tpPgxQuerier {
+	switch {
+	case sess < 0 && s.xpool != nil:
+		return s.xpool
+	case sess < 0:
+		return s.pool
+	case s.ptxs[sess] != nil:
+		return s.ptxs[sess]
+	}
+	return s.pconns[sess]
+}
+
+// tpPgxOptions are database/sql's transaction options in pgx's terms.
+func tpPgxOptions(o sql.TxOptions) pgx.TxOptions {
+	var p pgx.TxOptions
+	if o.ReadOnly {
+		p.AccessMode = pgx.ReadOnly
+	}
+	switch o.Isolation {
+	case sql.LevelReadCommitted:
+		p.IsoLevel = pgx.ReadCommitted
+	case sql.LevelRepeatableRead:
+		p.IsoLevel = pgx.RepeatableRead
+	case sql.LevelSerializable:
+		p.IsoLevel = pgx.Serializable
+	}
+	return p
+}
+
+// tpStmtName is the name prepared statement slot k is prepared under.
+func tpStmtName(k int) string { return "stmt" + strconv.Itoa(k) }
+
+// runNative runs one step through pgx's front end and records what it
+// showed.
+func (s *tpSide) runNative(st tpStep) tpResult {
+	ctx, cancel := context.WithTimeout(context.Background(), tpStepTimeout)
+	defer cancel()
+	start := time.Now()
+	var res tpResult
+	q := s.pq(st.sess)
+	switch st.op {
+	case "exec":
+		if st.sess >= 0 && s.ptxs[st.sess] == nil {
+			s.noteBlock(st)
+		}
+		if st.sess < 0 && s.poolExec != nil {
+			s.poolExec()
+		}
+		tag, err := q.Exec(ctx, st.sql, st.args...)
+		res.err = errText(err)
+		if err == nil {
+			res.affected = strconv.FormatInt(tag.RowsAffected(), 10)
+		}
+	case "query":
+		rows, err := q.Query(ctx, st.sql, st.args...)
+		res.readPgxRows(rows, err)
+	case "begin":
+		if s.ptxs[st.sess] != nil {
+			res.err = "skipped: in a transaction"
+			break
+		}
+		s.opening()
+		tx, err := s.pconns[st.sess].BeginTx(ctx, tpPgxOptions(st.tx))
+		res.err = errText(err)
+		if err == nil {
+			s.ptxs[st.sess] = tx
+		} else {
+			s.txOpen.Add(-1)
+		}
+	case "commit", "rollback":
+		tx := s.ptxs[st.sess]
+		if tx == nil {
+			res.err = "skipped: no transaction"
+			break
+		}
+		s.ptxs[st.sess] = nil
+		s.txOpen.Add(-1)
+		if st.op == "commit" {
+			res.err = errText(tx.Commit(ctx))
+		} else {
+			res.err = errText(tx.Rollback(ctx))
+		}
+	case "prepare":
+		var err error
+		if tx := s.ptxs[st.sess]; tx != nil {
+			_, err = tx.Prepare(ctx, tpStmtName(st.stmt), st.sql)
+		} else {
+			_, err = s.pconns[st.sess].Conn().Prepare(ctx, tpStmtName(st.stmt), st.sql)
+		}
+		res.err = errText(err)
+	case "sexec":
+		tag, err := q.Exec(ctx, tpStmtName(st.stmt), st.args...)
+		res.err = errText(err)
+		if err == nil {
+			res.affected = strconv.FormatInt(tag.RowsAffected(), 10)
+		}
+	case "squery":
+		rows, err := q.Query(ctx, tpStmtName(st.stmt), st.args...)
+		res.readPgxRows(rows, err)
+	case "sclose":
+		if s.ptxs[st.sess] != nil {
+			res.err = "skipped: in a transaction"
+			break
+		}
+		res.err = errText(s.pconns[max(st.sess, 0)].Conn().Deallocate(ctx, tpStmtName(st.stmt)))
+	case "batch":
+		b := &pgx.Batch{}
+		for _, bs := range st.batch {
+			b.Queue(bs.sql, bs.args...)
+		}
+		br := q.SendBatch(ctx, b)
+		for range st.batch {
+			rows, err := br.Query()
+			var part tpResult
+			part.readPgxRows(rows, err)
+			res.cols = append(res.cols, part.cols...)
+			res.rows = append(res.rows, part.rows...)
+			if part.err != "" {
+				res.rows = append(res.rows, []string{"error " + part.err})
+			}
+		}
+		res.err = errText(br.Close())
+	case "copy":
+		n, err := q.CopyFrom(ctx, pgx.Identifier{"t"}, []string{"id", "v"}, pgx.CopyFromRows(st.rows))
+		res.err = errText(err)
+		if err == nil {
+			res.affected = strconv.FormatInt(n, 10)
+		}
+	}
+	res.took = time.Since(start)
+	s.observe(&res)
+	return res
+}
+
+// readPgxRows records pgx's rows: their columns as Query returned them,
+// their values, and their error.
+func (r *tpResult) readPgxRows(rows pgx.Rows, err error) {
+	if err != nil {
+		r.err = errText(err)
+		if rows != nil {
+			rows.Close()
+		}
+		return
+	}
+	defer rows.Close()
+	for _, fd := range rows.FieldDescriptions() {
+		r.cols = append(r.cols, fd.Name)
+	}
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			r.err = errText(err)
+			return
+		}
+		row := make([]string, len(vals))
+		for i, v := range vals {
+			switch v := v.(type) {
+			case nil:
+				row[i] = "NULL"
+			case []byte:
+				row[i] = string(v)
+			case time.Time:
+				row[i] = v.UTC().Format(time.RFC3339Nano)
+			default:
+				row[i] = fmt.Sprint(v)
+			}
+		}
+		r.rows = append(r.rows, row)
+	}
+	r.err = errText(rows.Err())
+	if r.err == "" {
+		r.affected = rows.CommandTag().String()
+	}
+}
+
+// nativeStep draws a batch or a COPY.
+func (g *tpGen) nativeStep(s int) {
+	if g.rng.IntN(3) == 0 {
+		var rows [][]any
+		for range 1 + g.rng.IntN(2) {
+			rows = append(rows, []any{g.id(s), int64(g.rng.IntN(100))})
+		}
+		if g.rng.IntN(4) == 0 && !g.inTx[s] && !g.block[s] {
+			s = -1
+		}
+		g.add(tpStep{sess: s, op: "copy", rows: rows})
+		return
+	}
+	var batch []tpStep
+	for range 1 + g.rng.IntN(3) {
+		sub := tpGen{rng: g.rng}
+		switch g.rng.IntN(3) {
+		case 0:
+			sub.write(s)
+		case 1:
+			sub.add(tpStep{sess: s, op: "query", sql: "SELECT id, v FROM t WHERE id >= $1 ORDER BY id", args: []any{g.id(s)}})
+		default:
+			sub.add(tpStep{sess: s, op: "query", sql: tpReads[g.rng.IntN(len(tpReads))]})
+		}
+		batch = append(batch, sub.prog...)
+	}
+	if g.rng.IntN(4) == 0 && !g.inTx[s] && !g.block[s] {
+		s = -1
+	}
+	g.add(tpStep{sess: s, op: "batch", batch: batch})
+}
