@@ -25,6 +25,8 @@ SERVER_TESTS = -run '^(TestIntegration|TestRoundTrips|TestHistory|TestTransparen
 # runs its default 40, with -race): its faults and grammar are the same on
 # every server, so these runs sample fewer.
 SECOND_RUN_PROGRAMS = 25
+# And of pgx's front end's checker (TestTransparencyPgx, 20 in the first).
+SECOND_RUN_PGX_PROGRAMS = 10
 
 # PostgreSQL 19 is in no registry these machines reach: its WAIT FOR runs
 # through pgtest's emulation (PGRYW_EMULATE_PG19=1), a protocol-level
@@ -36,7 +38,7 @@ SECOND_RUN_PROGRAMS = 25
 # test-docker with postgres:19 is the real server.
 test-pg19-emulated: postgres
 	@./scripts/pg-version.sh "" "integration suite, history checker and ORM check through the WAIT FOR emulation (replicas report 19.0)"
-	PGRYW_EMULATE_PG19=1 PGRYW_TRANSPARENCY_PROGRAMS=$(SECOND_RUN_PROGRAMS) $(GO) test -count=1 $(SERVER_TESTS) .
+	PGRYW_EMULATE_PG19=1 PGRYW_TRANSPARENCY_PROGRAMS=$(SECOND_RUN_PROGRAMS) PGRYW_TRANSPARENCY_PGX_PROGRAMS=$(SECOND_RUN_PGX_PROGRAMS) $(GO) test -count=1 $(SERVER_TESTS) .
 	cd internal/ormcheck && PGRYW_EMULATE_PG19=1 $(GO) test -count=1 ./...
 
 # The server suite against the official postgres images, one version after
@@ -56,7 +58,7 @@ test-docker:
 test-pg18: postgres
 	@bindir=$$(./scripts/ensure-pg18.sh) && \
 	./scripts/pg-version.sh "$$bindir" "integration suite (standbys copied from a stopped primary)" && \
-	PGRYW_PG_BINDIR=$$bindir PGRYW_EXPECT_MAJOR=18 PGRYW_TRANSPARENCY_PROGRAMS=$(SECOND_RUN_PROGRAMS) $(GO) test -count=1 $(SERVER_TESTS) -skip '^TestIntegrationPooler' .
+	PGRYW_PG_BINDIR=$$bindir PGRYW_EXPECT_MAJOR=18 PGRYW_TRANSPARENCY_PROGRAMS=$(SECOND_RUN_PROGRAMS) PGRYW_TRANSPARENCY_PGX_PROGRAMS=$(SECOND_RUN_PGX_PROGRAMS) $(GO) test -count=1 $(SERVER_TESTS) -skip '^TestIntegrationPooler' .
 
 postgres:
 	@./scripts/ensure-postgres.sh
@@ -73,7 +75,7 @@ pgbouncer:
 # placeholder setting DISCARD ALL keeps, would make pgx's own answers depend
 # on which server connection it got). The churn and repoint tests
 # (TestIntegrationPooler*) start bouncers of their own in every server run.
-POOLER_TESTS = -run '^(TestIntegration(ReadYourWrites|ShortBudgetReadsPrimary|OnTimeoutError|OffIsStale|TransactionsAndSessions|CommitThenFailMovesWatermark|CancelledAfterCommitMovesWatermark|RunOnPrimaryMovesWatermark|MonotonicReads|MonotonicAcrossNodes|ReadsDoNotRaisePoolWatermark|ExecBlockSemantics|OwnSchemaChange|DeferredCaptureSeenElsewhere|SessionTokenAcrossPools)|TestHistory)$$'
+POOLER_TESTS = -run '^(TestIntegration(ReadYourWrites|ShortBudgetReadsPrimary|OnTimeoutError|OffIsStale|TransactionsAndSessions|CommitThenFailMovesWatermark|CancelledAfterCommitMovesWatermark|RunOnPrimaryMovesWatermark|MonotonicReads|MonotonicAcrossNodes|ReadsDoNotRaisePoolWatermark|ExecBlockSemantics|OwnSchemaChange|DeferredCaptureSeenElsewhere|SessionTokenAcrossPools|PoolReadYourWrites|SqlcStyle)|TestHistory)$$'
 test-pgbouncer: postgres pgbouncer
 	@for m in transaction session; do \
 		echo "== PgBouncer $$(pgbouncer --version | head -1 | cut -d' ' -f2), $$m mode: integration subset, history checker, ORM check"; \

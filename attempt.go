@@ -2,19 +2,19 @@ package pgryw
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
+	"database/sql/driver"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/pgryw/pgryw/internal/ctxsleep"
 	"github.com/pgryw/pgryw/internal/lsn"
 	"github.com/pgryw/pgryw/internal/wire"
 )
 
 // One attempt of a replica read on one replica: the statement sent with
-// its check in front (pipelined) and its replay poll behind, its answer
-// used or discarded, and what the poll says the read saw.
+// its check in front (pipelined, waiting.go) and its replay poll behind,
+// its answer used or discarded, and what the poll says the read saw; and
+// the statement itself, as every executor runs it (stmtOp).
 
 // attempt is one read on one replica: its answer, until used or discarded.
 type attempt struct {
@@ -197,257 +197,183 @@ func (cn *Conn) applyPoll(ctx context.Context, b *backend, inj *wire.Injection) 
 	cn.sess.wm.Advance(l)
 }
 
-// pipelined sends the read with its check in one flush and, while a polled
-// replica is merely behind, tries again within the budget: with the check
-// for the first few tries (so the answer costs no extra round trip when the
-// replica gets there), then polling alone and reading once it is there. With
-// WAIT FOR or PolarDB's wait the server does the waiting, so one try says
-// it all.
-//
-// A read waits on the replica only with one of max_waits' places: taken
-// before a server-side wait is sent, or before polling starts. Without one
-// it gets a check that does not wait (a replay position poll riding in
-// front of it, whatever the server), and waitBusy if that finds the
-// replica behind.
-//
-// With partial (polling only), the connection's own capture behind its last
-// write was still on its way when the read began, and *wm does not count
-// it: the poll needs no position, *wm is made whole once the read's answer
-// is in, and the poll's answer is compared with that. A replica found
-// behind is then waited for as usual.
-func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial bool) (waitResult, error) {
-	w := cn.startWait(ctx, a.b, partial)
-	defer w.leave()
-	// Behind a transaction pooler the check must run in the read's own
-	// implicit transaction, chained in front of its extended-protocol
-	// execution: a transaction of its own could reach another server
-	// connection, and after a repoint another server, than the read.
-	// Where it cannot (a simple-protocol read, PolarDB's SETs), the read
-	// is not checked on the replica at all.
-	// (pgx sends a transaction's BEGIN as a simple Query, always.)
-	if w.pooled && (a.b.noChain || w.method == WaitPolar || a.op.begins()) {
-		return waitUnchecked, nil
-	}
-	first := 0
-	if w.farBehind(*wm) {
-		// The lag history says the replica is not there yet, by more than
-		// a read would take: a read sent now would be wasted. Wait first.
-		// Without a max_waits place or a budget left, the read still gets
-		// its check that does not wait, below.
-		res, again, err := w.pause(ctx, *wm, 0)
-		switch {
-		case err != nil || !again && res != waitBusy && res != waitTimeout:
-			return res, err
-		case again:
-			first = 1
+// The statement as the executors run it. Both front ends hand the core one
+// stmtOp per statement, database/sql's (Conn's entry points) and pgx's
+// (Pool, PoolConn, their transactions): the plan decides where it runs,
+// the executors (runPrimary, onReplica, a transaction) run it on a backend
+// with run, and the front end takes the answer from the op in its own
+// types. So the routing, the waits, the captures and the session state are
+// one code for both.
+
+// opKind is what a stmtOp runs.
+type opKind uint8
+
+const (
+	opQuery    opKind = iota // database/sql QueryContext: driver.Rows
+	opExec                   // database/sql ExecContext: a driver.Result
+	opBegin                  // database/sql BeginTx
+	opEnd                    // the end (COMMIT or ROLLBACK) of a read-only transaction on a replica
+	opPgxQuery               // pgx Query: pgx.Rows
+	opPgxExec                // pgx Exec: a command tag
+	opPgxBatch               // pgx SendBatch: batch results
+	opPgxBegin               // pgx BeginTx
+)
+
+// stmtOp is the application's statement as an executor runs it on the
+// backend it chose, and its answer. A struct kept in the Conn
+// (Conn.startOp) rather than closures over the caller's variables: a
+// routed statement allocates nothing of pgryw's own.
+type stmtOp struct {
+	kind  opKind
+	ctx   context.Context
+	query string
+	args  []driver.NamedValue // database/sql's arguments
+	// st is database/sql's prepared statement: on a backend where it was
+	// prepared, the statement runs through it.
+	st   *stmt
+	opts driver.TxOptions // opBegin
+	end  func() error     // opEnd
+
+	pargs []any         // pgx's arguments, options such as a pgx.QueryExecMode first
+	batch *pgx.Batch    // opPgxBatch
+	popts pgx.TxOptions // opPgxBegin
+	// ahead: pgx's Query reads the first row before returning, as pgx's
+	// stdlib does for database/sql: a replica's check riding in front has
+	// answered by then, a replica that fails the read before any row
+	// reached the caller is passed over for another node, and a stale
+	// description is sent again. A statement that may write returns as
+	// pgx's does, before any answer. For a batch
+	// (on a replica, where an attempt may be discarded and the batch sent
+	// again): what is sent is a copy without the caller's callbacks,
+	// which run from the results that stand (pgxBatch.Close).
+	ahead bool
+
+	ok      bool    // run succeeded: there is an answer to discard
+	checked lsn.LSN // the watermark the replica was known or checked to have replayed
+	rows    driver.Rows
+	res     driver.Result
+	tx      txInner  // opBegin, opPgxBegin
+	on      *backend // opBegin, opPgxBegin: where tx is open
+
+	prows pgx.Rows
+	more  bool  // ahead: what the first Next said
+	qerr  error // opPgxQuery: the error pgx's Query returned; the others reach the caller through the rows
+	tag   pgconn.CommandTag
+	bres  pgx.BatchResults
+}
+
+// native reports whether the op is pgx's front end's: its errors reach the
+// caller as pgx gives them, with no database/sql retry behind them.
+func (o *stmtOp) native() bool { return o.kind >= opPgxQuery }
+
+// begins reports whether the op opens a transaction.
+func (o *stmtOp) begins() bool { return o.kind == opBegin || o.kind == opPgxBegin }
+
+// open reports whether a successful op's answer is still to be read by the
+// caller (rows, batch results): the statement's outcome is known once it
+// has been.
+func (o *stmtOp) open() bool {
+	return o.kind == opQuery || o.kind == opPgxQuery || o.kind == opPgxBatch
+}
+
+// lazy reports whether run returns before any of the server's answer has
+// been read: whatever rode in front of the statement is read explicitly.
+func (o *stmtOp) lazy() bool { return o.kind == opPgxBatch || o.kind == opPgxQuery && !o.ahead }
+
+// run sends the statement on b.
+func (o *stmtOp) run(b *backend) error {
+	var err error
+	switch o.kind {
+	case opQuery:
+		o.rows, err = b.queryVia(o.ctx, o.st, o.query, o.args)
+	case opExec:
+		o.res, err = b.execVia(o.ctx, o.st, o.query, o.args)
+	case opBegin:
+		var t driver.Tx
+		if t, err = b.conn.(driver.ConnBeginTx).BeginTx(o.ctx, o.opts); err == nil {
+			o.tx, o.on = sqlTx{t}, b
+		}
+	case opEnd:
+		err = o.end()
+	case opPgxQuery:
+		err = o.pgxQuery(b)
+	case opPgxExec:
+		o.tag, err = b.pgx().Exec(o.ctx, o.query, o.pargs...)
+	case opPgxBatch:
+		bt := o.batch
+		if o.ahead {
+			bt = bareBatch(bt)
+		}
+		o.bres = b.pgx().SendBatch(o.ctx, bt)
+	case opPgxBegin:
+		var t pgx.Tx
+		if t, err = b.pgx().BeginTx(o.ctx, o.popts); err == nil {
+			o.tx, o.on = pgxTx{t}, b
 		}
 	}
-	for i := first; ; i++ {
-		res, err := w.try(ctx, a, wm, i)
-		if err != nil || res != waitBehind {
-			return res, err
-		}
-		a.drop()
-		if res, again, err := w.pause(ctx, *wm, i); !again {
-			return res, err
-		}
+	o.ok = err == nil
+	return err
+}
+
+// pgxQuery runs pgx's Query, and with ahead reads the first row: its error,
+// or the rows', is the statement's.
+func (o *stmtOp) pgxQuery(b *backend) error {
+	o.prows, o.qerr = b.pgx().Query(o.ctx, o.query, o.pargs...)
+	o.more = false
+	if o.qerr != nil || !o.ahead {
+		return o.qerr
 	}
+	o.more = o.prows.Next()
+	return o.prows.Err()
 }
 
-// try is the wait's try i: the read with its check in front for the first
-// pipelinedAttempts (or wherever the server waits, or the check must share
-// the read's transaction), a poll alone after, and the read alone once the
-// monitor saw the replica get there (waitList).
-func (w *waiting) try(ctx context.Context, a *attempt, wm *lsn.LSN, i int) (waitResult, error) {
-	switch {
-	case i > 0 && !w.serverWaits && a.b.node.knownReplayOn(a.b) >= *wm:
-		a.read()
-		a.known = true
-		return waitOK, nil
-	case i < pipelinedAttempts || w.serverWaits || w.pooled:
-		return w.checkRead(ctx, a, wm)
-	}
-	return w.pollRead(ctx, a, *wm)
-}
-
-// waiting is one pipelined wait on one replica: its method, its budget's
-// end, and its place among max_waits.
-type waiting struct {
-	cn          *Conn
-	b           *backend
-	method      WaitMethod
-	serverWaits bool // WAIT FOR or PolarDB's wait: the server does the waiting
-	pooled      bool // behind a transaction pooler
-	held, over  bool // a max_waits place is held; none was free
-	partial     bool // the connection's own capture is still on its way
-	start       time.Time
-	deadline    time.Time
-}
-
-// startWait begins a wait on b: a server-side wait takes a max_waits place
-// first, and without one the read gets a poll that does not wait.
-func (cn *Conn) startWait(ctx context.Context, b *backend, partial bool) waiting {
-	budget := cn.c.budget(ctx)
-	w := waiting{cn: cn, b: b, method: cn.c.methodFor(b), pooled: b.peer.TxPooled, partial: partial}
-	w.serverWaits = w.method != WaitPoll
-	if w.serverWaits {
-		w.held = cn.c.enterWait(b.node)
-		w.over = !w.held
-		if w.over {
-			w.method, w.serverWaits = WaitPoll, false
+// discard throws away an answer that will not be used: after it, the op
+// holds none.
+func (o *stmtOp) discard() {
+	if o.ok {
+		switch o.kind {
+		case opQuery:
+			o.rows.Close()
+		case opBegin, opPgxBegin:
+			o.tx.rollback(o.ctx)
+		case opPgxQuery:
+			o.prows.Close()
+		case opPgxBatch:
+			o.bres.Close()
 		}
 	}
-	w.start = time.Now()
-	w.deadline = w.start.Add(budget)
-	return w
+	o.ok = false
+	o.rows, o.res, o.tx, o.on = nil, nil, nil, nil
+	o.prows, o.qerr, o.more, o.bres = nil, nil, false, nil
 }
 
-// leave gives back the max_waits place, if held.
-func (w *waiting) leave() {
-	if w.held {
-		w.cn.c.leaveWait(w.b.node)
-	}
+// txInner is a front end's open transaction on one backend: database/sql's
+// driver.Tx or pgx's pgx.Tx.
+type txInner interface {
+	commit(ctx context.Context) error
+	rollback(ctx context.Context) error
 }
 
-// checkRead sends the read with its check in front, in one flush, and says
-// what the check found; waitBehind means the read's answer was not used.
-func (w *waiting) checkRead(ctx context.Context, a *attempt, wm *lsn.LSN) (waitResult, error) {
-	c, b := w.cn.c, w.b
-	inj := c.armCheck(b, w.method, *wm, max(time.Until(w.deadline), time.Millisecond))
-	notices := b.wire.Notices()
-	a.read()
-	if a.op.lazy() && inj.Sent() {
-		w.cn.await(ctx, b, inj) // a batch's results are read by the caller, later
-	}
-	if w.partial {
-		w.partial = false
-		l, err := w.cn.watermark(ctx) // settles the capture first
-		if err != nil {
-			return waitTimeout, fmt.Errorf("%w: %w", errPositionLost, err)
-		}
-		*wm = l
-	}
-	if w.pooled && !inj.Sent() {
-		// A read in the simple protocol: the connection's reads are
-		// (default_query_exec_mode=simple_protocol).
-		a.drop()
-		b.noChain = b.noChain || inj.Refused()
-		return waitUnchecked, nil
-	}
-	if a.unset {
-		return waitOK, nil
-	}
-	res, err := c.checked(b, w.method, inj, *wm)
-	if err == nil && res == waitOK && w.method == WaitPolar {
-		res = c.polarOutcome(b, a, *wm, notices)
-	}
-	if err == nil && inj.Err() != nil {
-		a.drop() // the server skipped the read behind the check
-	}
-	return res, err
-}
+// sqlTx is database/sql's transaction, as pgx's stdlib driver opened it.
+type sqlTx struct{ driver.Tx }
 
-// pollRead polls alone, and sends the read once the replica is there.
-func (w *waiting) pollRead(ctx context.Context, a *attempt, wm lsn.LSN) (waitResult, error) {
-	res, err := w.cn.c.pollOnce(ctx, w.b, wm)
-	if err == nil && res == waitOK {
-		a.read()
-	}
-	return res, err
-}
+func (t sqlTx) commit(context.Context) error   { return t.Tx.Commit() }
+func (t sqlTx) rollback(context.Context) error { return t.Tx.Rollback() }
 
-// pause waits before try i+1, within the budget and with a max_waits
-// place; again is false when the wait is over, with its result.
-func (w *waiting) pause(ctx context.Context, wm lsn.LSN, i int) (res waitResult, again bool, err error) {
-	cn := w.cn
-	left := time.Until(w.deadline)
-	if !w.held && !w.over && left > 0 {
-		w.held = cn.c.enterWait(w.b.node)
-		w.over = !w.held
-	}
-	switch {
-	case w.over:
-		return waitBusy, false, nil
-	case left <= 0:
-		cn.c.stats.waitTimeouts.Add(1)
-		return waitTimeout, false, nil
-	}
-	if i == 0 {
-		cn.c.stats.waits.Add(1)
-		cn.obs.waited = true
-	}
-	n := w.b.node
-	d := min(cn.c.pollDelay(n, wm, i), left)
-	if (d >= followAfter || time.Since(w.start) >= lagSteady) && n.usable(time.Now().UnixNano()) {
-		// Long enough for the monitor's poll loop to do the polling, for
-		// every read waiting on n at once. (Not on a node out of reads:
-		// the monitor does not probe it, and would wake the read at once.)
-		if followed, err := n.waiting.await(ctx, wm, left); err != nil {
-			return waitTimeout, false, err
-		} else if followed {
-			return 0, true, nil
-		}
-	}
-	if err := ctxsleep.Sleep(ctx, d); err != nil {
-		return waitTimeout, false, err
-	}
-	return 0, true, nil
-}
+// pgxTx is pgx's transaction.
+type pgxTx struct{ pgx.Tx }
 
-// followAfter is the shortest pause a read leaves to the monitor's poll
-// loop (waitList) rather than polling on its own connection, as it does
-// once it has waited lagSteady: before, its retries are on a replica about
-// to get there, where a poll of its own (or the read riding with its
-// check) saves the round trip and hand-offs a wake adds.
-const followAfter = time.Millisecond
+func (t pgxTx) commit(ctx context.Context) error   { return t.Tx.Commit(ctx) }
+func (t pgxTx) rollback(ctx context.Context) error { return t.Tx.Rollback(ctx) }
 
-// farBehind reports that a polled replica is expected, by its measured
-// lag, to replay wm later than lagSteady from now: the read waits before
-// it is sent.
-func (w *waiting) farBehind(wm lsn.LSN) bool {
-	if w.serverWaits || w.partial || wm == 0 {
-		return false
+// bareBatch returns a new batch of b's statements without their callbacks:
+// pgx keeps what it learned of each statement in the batch it sent (a
+// batch is sent once), and an attempt that is discarded must not run the
+// caller's callbacks.
+func bareBatch(b *pgx.Batch) *pgx.Batch {
+	nb := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, len(b.QueuedQueries))}
+	for i, q := range b.QueuedQueries {
+		nb.QueuedQueries[i] = &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments}
 	}
-	eta, ok := w.cn.c.topo.eta(w.b.node, wm)
-	return ok && time.Duration(eta-time.Now().UnixNano()) > lagSteady
-}
-
-// checkedRead is pipelined, timed: a read sent with a catch-up check. A
-// read that had to wait (a WAIT FOR or PolarDB wait, or polling after a
-// failed check) counts as a wait of its node, and its duration goes into
-// the node's histogram and the statement's ServedBy.Wait.
-func (cn *Conn) checkedRead(ctx context.Context, a *attempt, wm *lsn.LSN, partial bool) (waitResult, error) {
-	cn.obs.waited = false
-	start := time.Now()
-	res, err := cn.pipelined(ctx, a, wm, partial)
-	c, n := cn.c, a.b.node
-	if res == waitTimeout && err == nil {
-		n.obs.waitTimeouts.Add(1)
-	}
-	if !cn.obs.waited && c.methodFor(a.b) == WaitPoll {
-		return res, err
-	}
-	d := time.Since(start)
-	cn.obs.wait += d
-	n.obs.waits.Add(1)
-	n.obs.observeWait(d)
-	if c.debug() {
-		c.logAt(slog.LevelDebug, "pgryw: waited for replica", slog.String("node", n.addr),
-			slog.Duration("wait", d), slog.String("outcome", waitOutcome(res, err)))
-	}
-	return res, err
-}
-
-func waitOutcome(res waitResult, err error) string {
-	switch {
-	case err != nil:
-		return "failed"
-	case res == waitOK:
-		return "caught up"
-	case res == waitNotStandby:
-		return "not a standby"
-	case res == waitCannot || res == waitUnchecked:
-		return "could not wait"
-	}
-	return "timed out"
+	return nb
 }

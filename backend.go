@@ -186,6 +186,9 @@ func (b *backend) query(ctx context.Context, query string, args []driver.NamedVa
 // execVia is exec, through st where st was prepared on b (stmt), else of
 // query's text.
 func (b *backend) execVia(ctx context.Context, st *stmt, query string, args []driver.NamedValue) (driver.Result, error) {
+	if st == nil {
+		return b.exec(ctx, query, args)
+	}
 	ps := st.via(b)
 	if ps == nil {
 		return b.exec(ctx, query, args)
@@ -197,6 +200,9 @@ func (b *backend) execVia(ctx context.Context, st *stmt, query string, args []dr
 
 // queryVia is query, through st where st was prepared on b.
 func (b *backend) queryVia(ctx context.Context, st *stmt, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if st == nil {
+		return b.query(ctx, query, args)
+	}
 	ps := st.via(b)
 	if ps == nil {
 		return b.query(ctx, query, args)

@@ -317,6 +317,11 @@ func (cn *Conn) statement(ctx context.Context, cls sqlclass.Result, o stmtOp) (d
 			return done, err
 		}
 	}
+	// A read of pgx's on the primary reads its first row first too, as
+	// database/sql's does: a description pgx cached before a schema change
+	// fails it before any row reached the caller, and it is sent again
+	// (runPrimary's staleRead).
+	o.ahead = o.kind == opPgxQuery && p.read
 	return cn.runPrimary(ctx, cls, &p, cn.startOp(o))
 }
 

@@ -20,7 +20,6 @@ package pgryw_test
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"flag"
 	"fmt"
@@ -128,9 +127,15 @@ type histPool struct {
 	scope string
 	db    *sql.DB
 	c     *pgryw.Connector
+	pgx   *pgryw.Pool // pgx's front end on the same DSN: the sessions in odd slots use it
 }
 
 type histRun struct {
+	// pgx: the sessions in odd slots, and their pools' ops, run through
+	// pgx's front end (a Pool of their pool's DSN) rather than
+	// database/sql; PGRYW_HISTORY_FRONT=sql runs every session on
+	// database/sql.
+	pgx      bool
 	repoints atomic.Int64 // bouncer repoints (PGRYW_PGBOUNCER)
 	t        *testing.T
 	seed     int64
@@ -239,7 +244,7 @@ func TestHistory(t *testing.T) {
 	fmt.Fprintf(os.Stderr, "history: seed %d\n", seed)
 	t.Logf("history: seed %d", seed)
 
-	h := &histRun{t: t, seed: seed, nw: faultnet.New(), notes: map[string]int{}, heldBy: map[*faultnet.Conn]bool{}}
+	h := &histRun{t: t, seed: seed, nw: faultnet.New(), notes: map[string]int{}, heldBy: map[*faultnet.Conn]bool{}, pgx: os.Getenv("PGRYW_HISTORY_FRONT") != "sql"}
 	opsN := int64(histDefaultOps)
 	if s := os.Getenv("PGRYW_HISTORY_DURATION"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -292,7 +297,11 @@ func TestHistory(t *testing.T) {
 		}
 		pgryw.SetNetHook(c, h.nw.Wrap)
 		db.SetMaxIdleConns(histSessions * 2)
-		h.pools = append(h.pools, &histPool{idx: i, scope: scope, db: db, c: c})
+		hp := &histPool{idx: i, scope: scope, db: db, c: c}
+		if h.pgx {
+			hp.pgx = openHistPool(t, h, scope, extra)
+		}
+		h.pools = append(h.pools, hp)
 	}
 
 	h.t0 = h.now()
@@ -524,7 +533,7 @@ type histSession struct {
 	slot  int
 	pool  *histPool
 	rng   *rand.Rand
-	conn  *sql.Conn
+	conn  histConn
 	wconn *faultnet.Conn // under the session's primary connection, if found
 	id    int
 	ops   []*histOp
@@ -536,7 +545,7 @@ func (s *histSession) run() {
 	for s.h.more() {
 		if s.conn == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			c, err := s.pool.db.Conn(ctx)
+			c, err := s.newConn(ctx)
 			cancel()
 			if err != nil {
 				s.h.event("slot %d: new conn: %v", s.slot, err)
@@ -550,7 +559,7 @@ func (s *histSession) run() {
 	}
 	if s.conn != nil {
 		s.h.hold(s.wconn, false)
-		s.conn.Close()
+		s.conn.close()
 	}
 }
 
@@ -559,23 +568,13 @@ func (s *histSession) run() {
 func (s *histSession) drop() {
 	s.h.hold(s.wconn, false)
 	s.wconn = nil
-	s.conn.Raw(func(any) error { return driver.ErrBadConn })
-	s.conn.Close()
+	s.conn.drop()
 	s.conn = nil
 }
 
 // valid reports whether the session's connection still works, as far as
 // pgryw says (its primary connection is open).
-func (s *histSession) valid() bool {
-	ok := true
-	err := s.conn.Raw(func(dc any) error {
-		if v, isV := dc.(driver.Validator); isV && !v.IsValid() {
-			ok = false
-		}
-		return nil
-	})
-	return ok && err == nil
-}
+func (s *histSession) valid() bool { return s.conn.valid() }
 
 // findPrimaryConn finds the faultnet connection under the session's primary
 // connection: the primary reports the client port (a primary read, so it runs
@@ -585,7 +584,7 @@ func (s *histSession) findPrimaryConn() {
 	ctx, cancel := context.WithTimeout(pgryw.WithPrimary(context.Background()), 5*time.Second)
 	defer cancel()
 	var port int
-	if err := s.conn.QueryRowContext(ctx, "SELECT inet_client_port()").Scan(&port); err != nil {
+	if err := s.conn.queryRow(ctx, "SELECT inet_client_port()").Scan(&port); err != nil {
 		return
 	}
 	s.wconn = s.h.nw.Lookup(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
@@ -732,7 +731,7 @@ func (s *histSession) step() {
 		s.writeSingle(ctx, op)
 	case "pool-read":
 		op.sess = -1
-		s.readAll(ctx, op, s.pool.db, op.start, false)
+		s.readAll(ctx, op, s.poolQ(), op.start, false)
 	}
 	op.end = h.now()
 	watchdog.Stop()
@@ -766,16 +765,12 @@ func (s *histSession) step() {
 	}
 }
 
-type queryer interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
 // readAll reads the whole kv table.
-func (s *histSession) readAll(ctx context.Context, op *histOp, q queryer, ts int64, inRW bool) bool {
+func (s *histSession) readAll(ctx context.Context, op *histOp, q histQ, ts int64, inRW bool) bool {
 	at := s.h.now()
 	var served pgryw.ServedBy
 	ctx = pgryw.WithServedBy(ctx, func(_ context.Context, sb pgryw.ServedBy) { served = sb })
-	rows, err := q.QueryContext(ctx, s.h.sql.readAll)
+	rows, err := q.query(ctx, s.h.sql.readAll)
 	if err != nil {
 		s.readFailed(ctx, op, err, !inRW && op.kind != "read-tx")
 		return false
@@ -823,17 +818,13 @@ func (s *histSession) readAll(ctx context.Context, op *histOp, q queryer, ts int
 	return true
 }
 
-type rowQueryer interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-func (s *histSession) readOne(ctx context.Context, op *histOp, q rowQueryer, k int, ts int64, inRW bool) bool {
+func (s *histSession) readOne(ctx context.Context, op *histOp, q histQ, k int, ts int64, inRW bool) bool {
 	at := s.h.now()
 	var v int64
 	var port int
 	var served pgryw.ServedBy
 	ctx = pgryw.WithServedBy(ctx, func(_ context.Context, sb pgryw.ServedBy) { served = sb })
-	err := q.QueryRowContext(ctx, s.h.sql.readOne, k).Scan(&v, &port)
+	err := q.queryRow(ctx, s.h.sql.readOne, k).Scan(&v, &port)
 	if err != nil {
 		s.readFailed(ctx, op, err, !inRW)
 		return false
@@ -872,7 +863,7 @@ func (s *histSession) readTx(ctx context.Context, op *histOp) {
 	twice := s.rng.IntN(3) == 0
 	op.detail = fmt.Sprintf("read-only %v", lvl)
 	ts := s.h.now()
-	tx, err := s.conn.BeginTx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: lvl})
+	tx, err := s.conn.begin(ctx, sql.TxOptions{ReadOnly: true, Isolation: lvl})
 	if err != nil {
 		s.readFailed(ctx, op, err, true)
 		return
@@ -882,10 +873,10 @@ func (s *histSession) readTx(ctx context.Context, op *histOp) {
 		ok = s.readAll(ctx, op, tx, ts, false)
 	}
 	if !ok {
-		tx.Rollback()
+		tx.rollback()
 		return
 	}
-	if err := tx.Commit(); err != nil {
+	if err := tx.commit(); err != nil {
 		op.err, op.out = err, outIndet
 	}
 }
@@ -911,11 +902,11 @@ func (s *histSession) writeSingle(ctx context.Context, op *histOp) {
 	var err error
 	switch op.kind {
 	case "w-exec":
-		_, err = s.conn.ExecContext(ctx, h.sql.cte, k, id)
+		err = s.conn.exec(ctx, h.sql.cte, k, id)
 	case "pool-write":
-		_, err = s.pool.db.ExecContext(ctx, h.sql.cte, k, id)
+		err = s.poolQ().exec(ctx, h.sql.cte, k, id)
 	case "w-returning":
-		err = s.conn.QueryRowContext(ctx, h.sql.cteRet, k, id).Scan(&w.ret)
+		err = s.conn.queryRow(ctx, h.sql.cteRet, k, id).Scan(&w.ret)
 	case "w-prepared":
 		ret := s.rng.IntN(3) == 0
 		q := h.sql.cte
@@ -923,15 +914,15 @@ func (s *histSession) writeSingle(ctx context.Context, op *histOp) {
 			q = h.sql.cteRet
 			op.detail = "RETURNING"
 		}
-		var st *sql.Stmt
-		st, err = s.conn.PrepareContext(ctx, q)
+		var st histStmt
+		st, err = s.conn.prepare(ctx, q)
 		if err == nil {
 			if ret {
-				err = st.QueryRowContext(ctx, k, id).Scan(&w.ret)
+				err = st.queryRow(ctx, k, id).Scan(&w.ret)
 			} else {
-				_, err = st.ExecContext(ctx, k, id)
+				err = st.exec(ctx, k, id)
 			}
-			st.Close()
+			st.close()
 		}
 	}
 	op.writes = []histWrite{w}
@@ -948,7 +939,7 @@ func (s *histSession) writeSingle(ctx context.Context, op *histOp) {
 func (s *histSession) rollback(op *histOp) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := s.conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+	if err := s.conn.exec(ctx, "ROLLBACK"); err != nil {
 		// The block's state is unknown: start over with a new session.
 		s.drop()
 	}
@@ -972,7 +963,7 @@ func (s *histSession) writeBlock(ctx context.Context, op *histOp) {
 		s.rollback(op)
 	}
 	for _, q := range steps {
-		if _, err := s.conn.ExecContext(ctx, q); err != nil {
+		if err := s.conn.exec(ctx, q); err != nil {
 			fail(err)
 			return
 		}
@@ -980,15 +971,15 @@ func (s *histSession) writeBlock(ctx context.Context, op *histOp) {
 	var ret int64 = -1
 	var err error
 	if retUpd {
-		err = s.conn.QueryRowContext(ctx, h.sql.updRet, k).Scan(&ret)
+		err = s.conn.queryRow(ctx, h.sql.updRet, k).Scan(&ret)
 	} else {
-		_, err = s.conn.ExecContext(ctx, h.sql.upd, k)
+		err = s.conn.exec(ctx, h.sql.upd, k)
 	}
 	if err != nil {
 		fail(err)
 		return
 	}
-	if _, err := s.conn.ExecContext(ctx, h.sql.ins, id, k); err != nil {
+	if err := s.conn.exec(ctx, h.sql.ins, id, k); err != nil {
 		fail(err)
 		return
 	}
@@ -999,7 +990,7 @@ func (s *histSession) writeBlock(ctx context.Context, op *histOp) {
 		return
 	}
 	op.detail += "; COMMIT"
-	_, err = s.conn.ExecContext(ctx, "COMMIT")
+	err = s.conn.exec(ctx, "COMMIT")
 	op.err = err
 	op.out = writeOutcome(ctx, err)
 	if op.out == outOK {
@@ -1041,9 +1032,9 @@ func (s *histSession) writeMulti(ctx context.Context, op *histOp) {
 	var err error
 	if op.kind == "pool-commit-fail" {
 		op.sess = -1
-		_, err = s.pool.db.ExecContext(ctx, q)
+		err = s.poolQ().exec(ctx, q)
 	} else {
-		_, err = s.conn.ExecContext(ctx, q)
+		err = s.conn.exec(ctx, q)
 	}
 	op.err = err
 	var pe *pgconn.PgError
@@ -1085,14 +1076,14 @@ func (s *histSession) writeTx(ctx context.Context, op *histOp) {
 		op.writes = append(op.writes, histWrite{id: h.nextID.Add(1), k: k, ret: -1})
 	}
 	ts := h.now()
-	tx, err := s.conn.BeginTx(ctx, &sql.TxOptions{Isolation: lvl})
+	tx, err := s.conn.begin(ctx, sql.TxOptions{Isolation: lvl})
 	if err != nil {
 		op.err, op.out = err, outFail
 		return
 	}
 	abort := func(err error) {
 		op.err, op.out = err, outFail // never committed
-		tx.Rollback()
+		tx.rollback()
 		op.checkVal = true
 	}
 	switch readMode {
@@ -1111,11 +1102,11 @@ func (s *histSession) writeTx(ctx context.Context, op *histOp) {
 	}
 	for i := range op.writes {
 		w := &op.writes[i]
-		if err := tx.QueryRowContext(ctx, h.sql.updRet, w.k).Scan(&w.ret); err != nil {
+		if err := tx.queryRow(ctx, h.sql.updRet, w.k).Scan(&w.ret); err != nil {
 			abort(err)
 			return
 		}
-		if _, err := tx.ExecContext(ctx, h.sql.ins, w.id, w.k); err != nil {
+		if err := tx.exec(ctx, h.sql.ins, w.id, w.k); err != nil {
 			abort(err)
 			return
 		}
@@ -1123,13 +1114,13 @@ func (s *histSession) writeTx(ctx context.Context, op *histOp) {
 	if !commit {
 		op.detail += " rollback"
 		op.out = outFail
-		if err := tx.Rollback(); err != nil {
+		if err := tx.rollback(); err != nil {
 			op.err = err
 		}
 		return
 	}
 	op.detail += " commit"
-	err = tx.Commit()
+	err = tx.commit()
 	op.err = err
 	op.out = writeOutcome(ctx, err)
 	if errors.Is(err, sql.ErrTxDone) {
@@ -1155,12 +1146,12 @@ func (s *histSession) ddl(ctx context.Context, op *histOp) {
 			q = fmt.Sprintf("ALTER TABLE %s ALTER COLUMN c%d TYPE %s", h.side, n%histSideCols+1, typ)
 		}
 		op.detail = q
-		if _, err := s.conn.ExecContext(ctx, q); err != nil {
+		if err := s.conn.exec(ctx, q); err != nil {
 			op.err, op.out = err, outIndet
 			return
 		}
 	}
-	rows, err := s.conn.QueryContext(ctx, h.sql.side, 1)
+	rows, err := s.conn.query(ctx, h.sql.side, 1)
 	if err == nil {
 		for rows.Next() {
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/pgtest"
 	"github.com/pgryw/pgryw/internal/sqlcstyle"
 )
 
@@ -29,6 +30,7 @@ var (
 // sqlcSetup makes sqlc_authors, empty, and waits for the replicas.
 func sqlcSetup(t *testing.T) {
 	t.Helper()
+	pgtest.Require(t, cluster)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, cluster.WriterDSN())
 	if err != nil {

@@ -82,6 +82,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/pgryw/pgryw"
 	"github.com/pgryw/pgryw/internal/ctxsleep"
@@ -197,6 +198,10 @@ func parseFlags() (*config, error) {
 			}
 		case s == "all":
 			for _, d := range known {
+				seen[d] = true
+			}
+		case s == "pgx" && !cfg.load:
+			for _, d := range pgxStrategies {
 				seen[d] = true
 			}
 		case !slices.Contains(known, s):
@@ -354,7 +359,11 @@ func (e *env) close() {
 		cancel()
 	}
 	for _, p := range e.pgryws {
-		p.db.Close()
+		if p.pool != nil {
+			p.pool.Close()
+		} else {
+			p.db.Close()
+		}
 	}
 	for _, m := range e.models {
 		m.close()
@@ -496,6 +505,19 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 			// than one of its own would (measurably slower here).
 			bp := &pools{budget: p.budget, sleep: p.sleep, waitFor: p.waitFor}
 			e.basePools[s] = bp
+			if isPgx(s) {
+				if bp.xprimary, err = openPgxpool(ctx, e.primaryDSN, cfg.workers); err != nil {
+					return e, err
+				}
+				for _, d := range cfg.replicaDSNs {
+					x, err := openPgxpool(ctx, d, cfg.workers)
+					if err != nil {
+						return e, err
+					}
+					bp.xreplicas = append(bp.xreplicas, x)
+				}
+				continue
+			}
 			if bp.primary, err = open(e.primaryDSN); err != nil {
 				return e, err
 			}
@@ -554,6 +576,17 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 	}
 	e.meter, err = newCostMeter(ctx, open, e.primaryDSN, cfg.replicaDSNs, e.dataDirs(), cfg.pgss)
 	return e, err
+}
+
+// openPgxpool opens a pgxpool of size conns on dsn, its connections made
+// at once (as database/sql's pools keep theirs idle once made).
+func openPgxpool(ctx context.Context, dsn string, size int) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns, pc.MinIdleConns = int32(size), int32(size)
+	return pgxpool.NewWithConfig(ctx, pc)
 }
 
 // dataDirs returns the nodes' data directories, primary first, when the

@@ -131,9 +131,15 @@ func targets(sums []summary, serverVersionNum int, lagged bool) []target {
 	loop := naiveReplica
 	replTarget := judge("replica CPU per read after write ≤ 1.5x a naive read", pgrywName, naiveReplica,
 		part{"CPU", replCPU, 1.5})
+	pgxLoop := pgxNaiveReplica
+	pgxReplTarget := judge("pgx: replica CPU per read after write ≤ 1.5x a naive read", poolName, pgxNaiveReplica,
+		part{"CPU", replCPU, 1.5})
 	if lagged {
 		loop = sleepReplica
 		replTarget = judge("replica CPU per read after write ≤ 2x a read that slept the lag", pgrywName, sleepReplica,
+			part{"CPU", replCPU, 2})
+		pgxLoop = pgxSleepReplica
+		pgxReplTarget = judge("pgx: replica CPU per read after write ≤ 2x a read that slept the lag", poolName, pgxSleepReplica,
 			part{"CPU", replCPU, 2})
 	}
 	return []target{
@@ -151,6 +157,20 @@ func targets(sums []summary, serverVersionNum int, lagged bool) []target {
 		judge("read with no pending watermark ≤ 1.05x a plain replica read", pgrywRead, replicaRead,
 			part{"p50", p50r, 1.05}, part{"p95", p95r, 1.05}),
 		judge("no-replica mode ≤ 1.03x pgx stdlib", pgrywNoReplica, stickyPrimary,
+			part{"write p50", p50w, 1.03}, part{"write p95", p95w, 1.03}, part{"read p50", p50r, 1.03}, part{"read p95", p95r, 1.03}),
+		// pgx's front end, against pgxpool (-strategies pgx).
+		judge(fmt.Sprintf("pgx: read after write ≤ %.2fx the spin floor", lim), poolName, pgxSpinFloor,
+			part{"p50", p50r, lim}, part{"p95", p95r, lim}),
+		judge("pgx: write in the write-then-read loop ≤ 1.10x a plain insert there", poolName, pgxLoop,
+			part{"p50", p50w, 1.10}, part{"p95", p95w, 1.10}),
+		judge("pgx: write in a write-only loop ≤ 1.05x a plain insert", poolWrite, pgxPlainWrite,
+			part{"p50", p50w, 1.05}, part{"p95", p95w, 1.05}),
+		judge("pgx: primary CPU per write ≤ 1.10x a plain insert", poolWrite, pgxPlainWrite,
+			part{"CPU", primCPU, 1.10}),
+		pgxReplTarget,
+		judge("pgx: read with no pending watermark ≤ 1.05x a plain replica read", poolRead, pgxReplicaRead,
+			part{"p50", p50r, 1.05}, part{"p95", p95r, 1.05}),
+		judge("pgx: no-replica mode ≤ 1.03x pgxpool", poolNoReplica, pgxStickyPrimary,
 			part{"write p50", p50w, 1.03}, part{"write p95", p95w, 1.03}, part{"read p50", p50r, 1.03}, part{"read p95", p95r, 1.03}),
 		{Name: "cached routing 0 allocations", Status: "n/a",
 			Note: "not measured by rywbench: make allocs"},

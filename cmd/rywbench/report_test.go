@@ -50,13 +50,41 @@ func TestTargets(t *testing.T) {
 		"no-replica mode ≤ 1.03x pgx stdlib":                             "n/a",
 		"cached routing 0 allocations":                                   "n/a",
 	}
+	pgxWant := map[string]string{}
+	for k := range want {
+		if k != "primary CPU per write and read ≤ 1.10x a plain insert and read" && k != "cached routing 0 allocations" {
+			pgxWant["pgx: "+strings.Replace(k, "pgx stdlib", "pgxpool", 1)] = "n/a" // no pgx- strategies in this run
+		}
+	}
+	for k, v := range pgxWant {
+		if got[k] != v {
+			t.Errorf("PostgreSQL 15: %s: %s, want %s", k, got[k], v)
+		}
+	}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("PostgreSQL 15: %s: %s, want %s (all: %v)", k, got[k], v, got)
 		}
 	}
-	if len(got) != len(want) {
-		t.Errorf("targets %v, want %d", got, len(want))
+	if len(got) != len(want)+len(pgxWant) {
+		t.Errorf("targets %v, want %d", got, len(want)+len(pgxWant))
+	}
+	// The same figures under pgx's front end's names judge pgx's targets
+	// the same way.
+	var px []summary
+	for _, x := range sums() {
+		for _, k := range pgxStrategies {
+			if sqlKind(k) == x.Name {
+				x.Name = k
+				px = append(px, x)
+			}
+		}
+	}
+	gotPgx := status(targets(px, 150018, false))
+	for k, v := range want {
+		if pk := "pgx: " + strings.Replace(k, "pgx stdlib", "pgxpool", 1); pgxWant[pk] != "" && gotPgx[pk] != v {
+			t.Errorf("pgx's front end: %s: %s, want %s", pk, gotPgx[pk], v)
+		}
 	}
 	// PostgreSQL 19: the same read is over 1.10x.
 	if got := status(targets(sums(), 190000, false)); got["read after write ≤ 1.10x the spin floor"] != "FAIL" {

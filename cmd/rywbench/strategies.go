@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgryw/pgryw"
 	"github.com/pgryw/pgryw/internal/ctxsleep"
 )
@@ -30,6 +32,18 @@ const (
 	replicaRead    = "replica-read"
 	pgrywRead      = "pgryw-read"
 	pgrywNoReplica = "pgryw-no-replica"
+
+	// pgx's front end: pgxpool baselines, and pgryw's Pool.
+	pgxStickyPrimary = "pgx-sticky-primary"
+	pgxNaiveReplica  = "pgx-naive-replica"
+	pgxSpinFloor     = "pgx-spin-floor"
+	pgxSleepReplica  = "pgx-sleep-replica"
+	pgxPlainWrite    = "pgx-plain-write"
+	pgxReplicaRead   = "pgx-replica-read"
+	poolName         = "pgryw-pool"
+	poolWrite        = "pgryw-pool-write"
+	poolRead         = "pgryw-pool-read"
+	poolNoReplica    = "pgryw-pool-no-replica"
 )
 
 // defaultStrategies run unless -strategies says otherwise; allStrategies
@@ -37,10 +51,33 @@ const (
 var (
 	defaultStrategies = []string{stickyPrimary, naiveReplica, spinFloor, sleepReplica, twoRoundTrip, pgrywName, pgrywSession,
 		plainWrite, pgrywWrite, replicaRead, pgrywRead, pgrywNoReplica}
+	// pgxStrategies ("-strategies pgx") are pgx's front end's: pgxpool
+	// baselines and pgryw's Pool, each the counterpart of a
+	// database/sql strategy above.
+	pgxStrategies = []string{pgxStickyPrimary, pgxNaiveReplica, pgxSpinFloor, pgxSleepReplica, poolName,
+		pgxPlainWrite, poolWrite, pgxReplicaRead, poolRead, poolNoReplica}
 	// pgrywKinds are the strategies that run through a pgryw pool.
-	pgrywKinds    = []string{pgrywName, pgrywSession, pgrywWrite, pgrywRead, pgrywNoReplica}
-	allStrategies = append(slices.Clone(defaultStrategies), modelStrategies...)
+	pgrywKinds    = []string{pgrywName, pgrywSession, pgrywWrite, pgrywRead, pgrywNoReplica, poolName, poolWrite, poolRead, poolNoReplica}
+	allStrategies = append(append(slices.Clone(defaultStrategies), pgxStrategies...), modelStrategies...)
 )
+
+// sqlKind is the database/sql strategy a pgx one is the counterpart of.
+func sqlKind(kind string) string {
+	switch kind {
+	case poolName:
+		return pgrywName
+	case poolWrite:
+		return pgrywWrite
+	case poolRead:
+		return pgrywRead
+	case poolNoReplica:
+		return pgrywNoReplica
+	}
+	return strings.TrimPrefix(kind, "pgx-")
+}
+
+// isPgx reports whether kind is a pgxpool baseline.
+func isPgx(kind string) bool { return strings.HasPrefix(kind, "pgx-") }
 
 // shape is what one iteration of a strategy does.
 type shape uint8
@@ -53,7 +90,7 @@ const (
 
 // shapeOf returns what one iteration of strategy kind does.
 func shapeOf(kind string) shape {
-	switch kind {
+	switch sqlKind(kind) {
 	case plainWrite, pgrywWrite, wireInsert, wireCapture:
 		return insertOnly
 	case replicaRead, pgrywRead, wireRead, wireReadTrail:
@@ -106,9 +143,12 @@ const createPortFunction = "CREATE OR REPLACE FUNCTION " + portFunction + "() RE
 type pools struct {
 	primary  *sql.DB
 	replicas []*sql.DB
-	budget   time.Duration // two-round-trip's wait budget
-	sleep    time.Duration // sleep-replica's pause
-	waitFor  bool          // replicas run PostgreSQL ≥ 19: use WAIT FOR LSN
+	// pgxpool's, for the pgx- strategies (primary and replicas stay nil).
+	xprimary  *pgxpool.Pool
+	xreplicas []*pgxpool.Pool
+	budget    time.Duration // two-round-trip's wait budget
+	sleep     time.Duration // sleep-replica's pause
+	waitFor   bool          // replicas run PostgreSQL ≥ 19: use WAIT FOR LSN
 }
 
 func (p *pools) close() {
@@ -116,6 +156,12 @@ func (p *pools) close() {
 		p.primary.Close()
 	}
 	for _, r := range p.replicas {
+		r.Close()
+	}
+	if p.xprimary != nil {
+		p.xprimary.Close()
+	}
+	for _, r := range p.xreplicas {
 		r.Close()
 	}
 }
@@ -129,7 +175,7 @@ type baseline struct {
 
 func newBaseline(kind string, p *pools) *baseline {
 	ins, get := statements(tableName(kind))
-	if kind == replicaRead {
+	if sqlKind(kind) == replicaRead {
 		_, get = statements(preloadTable)
 	}
 	return &baseline{kind: kind, p: p, insertSQL: ins, getSQL: get}
@@ -150,17 +196,36 @@ func (b *baseline) name() string { return b.kind }
 func (b *baseline) shape() shape { return shapeOf(b.kind) }
 
 func (b *baseline) insert(ctx context.Context, id, v int64) (time.Duration, error) {
+	if b.p.xprimary != nil {
+		_, err := b.p.xprimary.Exec(ctx, b.insertSQL, id, v)
+		return 0, err
+	}
 	_, err := b.p.primary.ExecContext(ctx, b.insertSQL, id, v)
 	return 0, err
 }
 
+// node is one of a baseline's pools: database/sql's or pgxpool's.
+type node struct {
+	db *sql.DB
+	x  *pgxpool.Pool
+}
+
+func (b *baseline) primaryNode() node { return node{b.p.primary, b.p.xprimary} }
+
+// replicaNode spreads reads over the replicas by id; with one replica it
+// is always 0. In uint64: int(id) wraps negative on 32-bit platforms.
+func (b *baseline) replicaNode(id int64) node {
+	if b.p.xprimary != nil {
+		return node{x: b.p.xreplicas[uint64(id)%uint64(len(b.p.xreplicas))]}
+	}
+	return node{db: b.p.replicas[uint64(id)%uint64(len(b.p.replicas))]}
+}
+
 func (b *baseline) read(ctx context.Context, id int64) (readOut, error) {
-	// Spread reads over the replicas by id; with one replica it is always 0.
-	// In uint64: int(id) wraps negative on 32-bit platforms.
-	replica := b.p.replicas[uint64(id)%uint64(len(b.p.replicas))]
-	switch b.kind {
+	replica := b.replicaNode(id)
+	switch sqlKind(b.kind) {
 	case stickyPrimary:
-		return b.get(ctx, b.p.primary, id)
+		return b.get(ctx, b.primaryNode(), id)
 	case naiveReplica, replicaRead:
 		return b.get(ctx, replica, id)
 	case spinFloor:
@@ -188,24 +253,29 @@ func (b *baseline) read(ctx context.Context, id int64) (readOut, error) {
 		if err := b.p.primary.QueryRowContext(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
 			return readOut{}, fmt.Errorf("fetch LSN: %w", err)
 		}
-		ok, err := b.p.waitReplay(ctx, replica, lsn)
+		ok, err := b.p.waitReplay(ctx, replica.db, lsn)
 		if err != nil {
 			return readOut{}, fmt.Errorf("wait for LSN %s: %w", lsn, err)
 		}
 		if !ok {
-			return b.get(ctx, b.p.primary, id)
+			return b.get(ctx, b.primaryNode(), id)
 		}
 		return b.get(ctx, replica, id)
 	}
 	return readOut{}, fmt.Errorf("unknown strategy %q", b.kind)
 }
 
-func (b *baseline) get(ctx context.Context, db *sql.DB, id int64) (readOut, error) {
+func (b *baseline) get(ctx context.Context, n node, id int64) (readOut, error) {
 	var (
 		out readOut
 		p   sql.NullInt64 // NULL over a Unix socket
+		err error
 	)
-	err := db.QueryRowContext(ctx, b.getSQL, id).Scan(&out.v, &p)
+	if n.x != nil {
+		err = n.x.QueryRow(ctx, b.getSQL, id).Scan(&out.v, &p)
+	} else {
+		err = n.db.QueryRowContext(ctx, b.getSQL, id).Scan(&out.v, &p)
+	}
 	out.port, out.tries = p.Int64, 1
 	return out, err
 }
@@ -256,6 +326,7 @@ func (p *pools) waitReplay(ctx context.Context, replica *sql.DB, lsn string) (bo
 type pgrywStrategy struct {
 	kind              string
 	db                *sql.DB
+	pool              *pgryw.Pool // pgx's front end (the pgryw-pool strategies), instead of db
 	conn              *pgryw.Connector
 	insertSQL, getSQL string
 	sessions          sync.Map // pgryw-session: id → *pgryw.Session, from the insert to the read
@@ -268,13 +339,17 @@ type pgrywStrategy struct {
 // pgryw.Session of their own instead of the pool's watermark).
 func newPgryw(kind, primaryDSN string, replicaAddrs []string, budget time.Duration, poolSize int) (*pgrywStrategy, error) {
 	var kv [][2]string
-	if kind != pgrywNoReplica {
+	if sqlKind(kind) != pgrywNoReplica {
 		kv = append(kv, [2]string{"replicas", strings.Join(replicaAddrs, ",")})
 	}
 	if kind == pgrywSession {
 		kv = append(kv, [2]string{"session_scope", "conn"})
 	}
 	kv = append(kv, [2]string{"wait_timeout", budget.String()})
+	if kind != sqlKind(kind) {
+		kv = append(kv, [2]string{"pool_max_conns", strconv.Itoa(poolSize)}, [2]string{"pool_min_idle_conns", strconv.Itoa(poolSize)})
+		return newPgrywPool(kind, withParams(primaryDSN, kv))
+	}
 	cfg, err := pgryw.ParseDSN(withParams(primaryDSN, kv))
 	if err != nil {
 		return nil, err
@@ -285,13 +360,31 @@ func newPgryw(kind, primaryDSN string, replicaAddrs []string, budget time.Durati
 		return nil, err
 	}
 	ins, get := statements(tableName(kind))
-	if kind == pgrywRead {
+	if sqlKind(kind) == pgrywRead {
 		_, get = statements(preloadTable)
 	}
 	db := sql.OpenDB(c)
 	db.SetMaxOpenConns(poolSize)
 	db.SetMaxIdleConns(poolSize)
 	return &pgrywStrategy{kind: kind, db: db, conn: c, insertSQL: ins, getSQL: get}, nil
+}
+
+// newPgrywPool opens pgx's front end, a pgryw Pool, on dsn.
+func newPgrywPool(kind, dsn string) (*pgrywStrategy, error) {
+	pc, err := pgryw.ParsePoolConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	pc.Config.ReadFunctions = append(pc.Config.ReadFunctions, portFunction)
+	p, err := pgryw.NewPoolWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, err
+	}
+	ins, get := statements(tableName(kind))
+	if kind == poolRead {
+		_, get = statements(preloadTable)
+	}
+	return &pgrywStrategy{kind: kind, pool: p, conn: p.Connector(), insertSQL: ins, getSQL: get}, nil
 }
 
 // withParams appends key=value pairs to a URL or keyword/value DSN.
@@ -320,6 +413,10 @@ func (s *pgrywStrategy) insert(ctx context.Context, id, v int64) (time.Duration,
 		s.sessions.Store(id, sess)
 		ctx = pgryw.WithSession(ctx, sess)
 	}
+	if s.pool != nil {
+		_, err := s.pool.Exec(ctx, s.insertSQL, id, v)
+		return 0, err
+	}
 	_, err := s.db.ExecContext(ctx, s.insertSQL, id, v)
 	return 0, err
 }
@@ -335,8 +432,13 @@ func (s *pgrywStrategy) read(ctx context.Context, id int64) (readOut, error) {
 	var (
 		out readOut
 		p   sql.NullInt64
+		err error
 	)
-	err := s.db.QueryRowContext(ctx, s.getSQL, id).Scan(&out.v, &p)
+	if s.pool != nil {
+		err = s.pool.QueryRow(ctx, s.getSQL, id).Scan(&out.v, &p)
+	} else {
+		err = s.db.QueryRowContext(ctx, s.getSQL, id).Scan(&out.v, &p)
+	}
 	out.port, out.tries = p.Int64, 1
 	return out, err
 }
