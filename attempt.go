@@ -58,39 +58,12 @@ func (a *attempt) read() {
 		w.Disarm()
 	}
 	if peek {
-		a.err = a.peek()
+		a.err = a.b.peekBatch(a.ctx)
 	}
 	if set != nil && a.op.lazy() {
 		a.cn.await(a.ctx, a.b, set) // nothing of the answer was read yet
 	}
 	a.unset = set != nil && a.cn.settledSettings(a.b, set)
-}
-
-// peekLimit bounds what a replica batch's answer may hold for peek to read
-// it whole before the caller does.
-const peekLimit = 1 << 20
-
-// peek reads a batch's whole answer from the replica before the caller
-// reads any of it (pgx reads a batch's results when asked), and returns
-// its first error: a replica that refuses a statement as a standby (an
-// unlogged table, say), or fails (a recovery conflict), is then passed
-// over as for a single read, before any result reached the caller; any
-// other error reaches the caller from the results, as pgx gives it. An
-// answer too large to hold is left as it is.
-func (a *attempt) peek() error {
-	w := a.b.wire
-	code, complete, err := w.Peek(a.ctx, peekLimit)
-	w.Unwatch()
-	switch {
-	case err != nil && a.ctx.Err() == nil:
-		a.b.close() // the socket failed: another replica
-		return err
-	case err != nil:
-		return err
-	case complete && code != "":
-		return &pgconn.PgError{Severity: "ERROR", Code: code}
-	}
-	return nil
 }
 
 // drop discards the answer, whatever it was. A discarded read may leave a

@@ -212,6 +212,34 @@ func (b *backend) queryVia(ctx context.Context, st *stmt, query string, args []d
 	return rows, b.callerError(ctx, err, sent)
 }
 
+// peekLimit bounds what a replica batch's answer may hold for peekBatch
+// to read it whole before the caller does.
+const peekLimit = 1 << 20
+
+// peekBatch reads a batch's whole answer from the replica before the
+// caller reads any of it (pgx reads a batch's results when asked; Watch
+// was called before the batch was sent), and returns its first error: a
+// replica that refuses a statement as a standby (an unlogged table, say),
+// or fails (a recovery conflict), is then passed over as for a single
+// read, before any result reached the caller; any other error reaches the
+// caller from the results, as pgx gives it. An answer too large to hold
+// is left as it is. A socket that fails closes the connection.
+func (b *backend) peekBatch(ctx context.Context) error {
+	w := b.wire
+	first, complete, err := w.Peek(ctx, peekLimit)
+	w.Unwatch()
+	switch {
+	case err != nil && ctx.Err() == nil:
+		b.close()
+		return err
+	case err != nil:
+		return err
+	case complete && first != nil:
+		return first
+	}
+	return nil
+}
+
 // prepare prepares query on b's server connection, as pgx does (a named
 // server-side prepared statement, described: its parameters counted).
 func (b *backend) prepare(ctx context.Context, query string) (driver.Stmt, error) {

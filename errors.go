@@ -181,3 +181,7 @@ var errCheckLost = errors.New("pgryw: replica connection failed during the catch
 // ended while idle, and no new one could be made (database/sql gets
 // driver.ErrBadConn, and tries another connection).
 var errPrimaryLost = errors.New("pgryw: the primary connection was lost and could not be replaced")
+
+// errBatchBeginInTx is pgx's refusal of a pgx.Batch.BeginTx batch sent in
+// a transaction, in pgx's words.
+var errBatchBeginInTx = errors.New("Batch.BeginTx cannot be used within a transaction")

@@ -46,6 +46,9 @@ func (cn *Conn) pgxExec(ctx context.Context, query string, args []any) (pgconn.C
 // rows are closed (a pool's connection goes back then).
 func (cn *Conn) pgxQuery(ctx context.Context, query string, args []any, release func()) (pgx.Rows, error) {
 	if err := cn.pgxStart(ctx); err != nil {
+		if release != nil {
+			release()
+		}
 		return errRows{err: err}, err
 	}
 	op := stmtOp{kind: opPgxQuery, ctx: ctx, query: query, pargs: args}
@@ -56,7 +59,11 @@ func (cn *Conn) pgxQuery(ctx context.Context, query string, args []any, release 
 	case cn.c.plain:
 		rows, err := cn.primary.pgx().Query(ctx, query, args...)
 		cn.servedPlain(ctx, false)
-		if err != nil || release == nil {
+		switch {
+		case release == nil:
+			return rows, err
+		case err != nil:
+			release()
 			return rows, err
 		}
 		return &pgxRows{Rows: rows, release: release}, nil
@@ -123,18 +130,24 @@ func (cn *Conn) pgxBatch(ctx context.Context, b *pgx.Batch, release func()) pgx.
 		if cn.c.plain {
 			cn.servedPlain(ctx, false)
 		}
+		if t := br.Tx(); t != nil {
+			// The batch began a transaction (pgx.Batch.BeginTx): the
+			// connection goes back when it ends.
+			return &pgxBatch{BatchResults: br, tx: &Tx{raw: t, release: release}}
+		}
 		return batchOf(br, nil, release)
 	}
-	op := stmtOp{kind: opPgxBatch, ctx: ctx, query: b.QueuedQueries[0].SQL, batch: b}
 	if cn.tx != nil {
-		if err := cn.tx.run(&op); err != nil {
-			if release != nil {
-				release()
-			}
-			return pgx.FailedBatchResults(b, err)
+		// pgx's Conn.SendBatch while a transaction of the connection's is
+		// open: the transaction's.
+		t := &Tx{t: cn.tx, release: nil}
+		br := t.SendBatch(ctx, b)
+		if release != nil {
+			return &pgxBatch{BatchResults: br, release: release}
 		}
-		return batchOf(op.bres, nil, release)
+		return br
 	}
+	op := stmtOp{kind: opPgxBatch, ctx: ctx, query: b.QueuedQueries[0].SQL, batch: b}
 	done, err := cn.statement(ctx, cn.c.classifyBatch(ctx, b), op)
 	op = cn.op
 	cn.op = stmtOp{}
@@ -398,6 +411,29 @@ func (r *pgxRow) Scan(dest ...any) error {
 	return rows.Err()
 }
 
+// txEnded ends pgryw's side of the transaction the batch began when it
+// never began on the server (the batch failed first: pgx closes its
+// transaction then, and its caller need not roll it back).
+func (b *pgxBatch) txEnded() {
+	t := b.tx
+	if t == nil || t.closed {
+		return
+	}
+	if t.raw != nil {
+		if t.raw.Conn().PgConn().TxStatus() == 'I' {
+			t.closed = true
+			t.done()
+		}
+		return
+	}
+	in := t.t
+	if in.cn.tx == in && in.b.idle() {
+		in.cn.tx = nil
+		t.closed = true
+		t.done()
+	}
+}
+
 // batchOf returns pgx's batch results, with done and release called once
 // they are closed.
 func batchOf(br pgx.BatchResults, done func(error), release func()) pgx.BatchResults {
@@ -454,6 +490,7 @@ func (b *pgxBatch) Close() error {
 	if b.closed {
 		return b.err
 	}
+	defer b.txEnded()
 	if b.user != nil {
 		for b.err == nil && b.next < len(b.user.QueuedQueries) {
 			at := b.next

@@ -90,7 +90,7 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 	}
 	op := stmtOp{kind: opPgxExec, ctx: ctx, query: sql, pargs: args}
 	err := t.t.run(&op)
-	return op.tag, err
+	return op.tag, t.t.cn.pgxError(err)
 }
 
 // Query implements pgx.Tx.
@@ -103,7 +103,7 @@ func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, erro
 	}
 	op := stmtOp{kind: opPgxQuery, ctx: ctx, query: sql, pargs: args}
 	err := t.t.run(&op)
-	return rowsOf(&op, nil, err, nil)
+	return rowsOf(&op, nil, t.t.cn.pgxError(err), nil)
 }
 
 // QueryRow implements pgx.Tx.
@@ -123,12 +123,20 @@ func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.closed {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
 	}
+	if pgx.FailedBatchResults(b, nil).Tx() != nil {
+		// pgx.Batch.BeginTx: pgx refuses it inside a transaction.
+		return pgx.FailedBatchResults(b, errBatchBeginInTx)
+	}
 	if len(b.QueuedQueries) == 0 {
 		return t.t.b.pgx().SendBatch(ctx, b)
 	}
 	op := stmtOp{kind: opPgxBatch, ctx: ctx, query: b.QueuedQueries[0].SQL, batch: b}
-	if err := t.t.run(&op); err != nil {
-		return pgx.FailedBatchResults(b, err)
+	err := t.t.run(&op)
+	if op.bres == nil {
+		return pgx.FailedBatchResults(b, t.t.cn.pgxError(err))
+	}
+	if op.ahead {
+		return &pgxBatch{BatchResults: op.bres, user: b}
 	}
 	return op.bres
 }
@@ -141,7 +149,8 @@ func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []strin
 	if t.closed {
 		return 0, pgx.ErrTxClosed
 	}
-	return t.t.copyFrom(ctx, table, columns, src)
+	n, err := t.t.copyFrom(ctx, table, columns, src)
+	return n, t.t.cn.pgxError(err)
 }
 
 // LargeObjects implements pgx.Tx. Large objects are written on the
@@ -175,7 +184,7 @@ func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDe
 	in.ctx = ctx
 	if in.onReplica && !in.aborted {
 		if err := in.toPrimary(); err != nil {
-			return nil, err
+			return nil, in.cn.pgxError(err)
 		}
 	}
 	return in.b.pgx().Prepare(ctx, name, sql)

@@ -158,7 +158,9 @@ func (p *Pool) Acquire(ctx context.Context) (*PoolConn, error) {
 			}
 		}
 		if p.prepare != nil {
+			sent := pc.cn.primary.sent()
 			ok, err := p.prepare(ctx, pc.cn.primary.pgx())
+			pc.cn.afterHook(sent)
 			if !ok {
 				res.Destroy()
 			}
@@ -176,6 +178,32 @@ func (p *Pool) Acquire(ctx context.Context) (*PoolConn, error) {
 		return &PoolConn{res: res, p: p}, nil
 	}
 	return nil, errors.New("pgryw: too many failed attempts to acquire a connection (PrepareConn or BeforeAcquire refused them all, or none could be used)")
+}
+
+// AcquireAllIdle takes every idle connection at once, as pgxpool's does
+// (for keep-alive and health checks of one's own); each must be released.
+func (p *Pool) AcquireAllIdle(ctx context.Context) []*PoolConn {
+	all := p.p.AcquireAllIdle()
+	out := make([]*PoolConn, 0, len(all))
+	for _, res := range all {
+		pc := res.Value()
+		if pc.used && p.reset(ctx, pc.cn) != nil {
+			res.Destroy()
+			continue
+		}
+		if p.prepare != nil {
+			sent := pc.cn.primary.sent()
+			ok, err := p.prepare(ctx, pc.cn.primary.pgx())
+			pc.cn.afterHook(sent)
+			if !ok || err != nil {
+				res.Destroy()
+				continue
+			}
+		}
+		pc.used = true
+		out = append(out, &PoolConn{res: res, p: p})
+	}
+	return out
 }
 
 // reset readies a connection handed out before, as database/sql's
@@ -471,7 +499,7 @@ func (c *PoolConn) Release() {
 	c.res = nil
 	p := c.p
 	cn := res.Value().cn
-	if cn.tx != nil || cn.primary.closed() || !cn.primary.idle() || cn.primary.pg.IsBusy() {
+	if !cn.reusable() {
 		res.Destroy()
 		p.dropped()
 		return
@@ -488,13 +516,50 @@ func (c *PoolConn) Release() {
 		return
 	}
 	go func() {
-		if after(cn.primary.pgx()) {
+		sent := cn.primary.sent()
+		keep := after(cn.primary.pgx())
+		cn.afterHook(sent)
+		if keep {
 			res.Release()
 			return
 		}
 		res.Destroy()
 		p.dropped()
 	}()
+}
+
+// afterHook follows a pool hook given the primary's pgx connection
+// (PrepareConn, BeforeAcquire, AfterRelease): if it sent anything, what
+// that changed in the session is not known (set_config, SET ROLE, a
+// temporary table...): the connection's reads stay on the primary, as
+// after set_config with a computed name, until DISCARD ALL.
+func (cn *Conn) afterHook(sentBefore uint64) {
+	if cn.c.plain || cn.primary.sent() == sentBefore {
+		return
+	}
+	cn.setPins(cn.pins|pinUntracked|pinUnread, "a statement of a pool hook's")
+}
+
+// reusable reports whether cn may go back to the pool: no transaction of
+// the front end's or block open, no answer left unread on any of its
+// server connections, the primary's open. Rows of a write left open
+// (INSERT … RETURNING) may have committed with no position read: the
+// session's position is then marked lost, and a later read reads it
+// afresh.
+func (cn *Conn) reusable() bool {
+	p := cn.primary
+	if p.pg.IsBusy() && cn.c.cfg.ReadYourWrites && !cn.c.plain {
+		cn.markLost(context.Background(), true)
+	}
+	if cn.tx != nil || p.closed() || !p.idle() || p.pg.IsBusy() {
+		return false
+	}
+	for _, b := range cn.replicas {
+		if b != nil && !b.closed() && (b.pg.IsBusy() || !b.idle()) {
+			return false
+		}
+	}
+	return true
 }
 
 // Exec runs sql, as pgx's Exec: on a replica when it only reads, else on

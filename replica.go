@@ -551,9 +551,13 @@ func (r *replicaRead) fellBack(b *backend, o outcome) (bool, func(error), error)
 	cn := r.cn
 	if r.op.kind == opPgxBatch && (o == outReadOnly || o == outRefusedAsStandby) {
 		// Which of a batch's statements was refused is not known: the
-		// batch goes to the primary, and nothing is learned.
+		// batch goes to the primary, and nothing is learned. One that
+		// writes after all (25006) commits there as a write.
 		if b != nil {
 			r.learn(b, o)
+		}
+		if o == outReadOnly {
+			r.cls.Write, r.cls.Reason = true, "refused by a replica (25006)"
 		}
 		r.p.fellBack(o == outReadOnly)
 		return cn.toPrimary(), nil, nil

@@ -294,6 +294,7 @@ func (t *tx) run(op *stmtOp) error {
 	}
 	err = t.runOn(op)
 	if refused, nodeWide := t.refused(err); refused {
+		op.discard() // a batch's results, read ahead
 		if err = t.retryOnPrimary(op.query, nodeWide, err); err == nil {
 			err = t.runOn(op)
 		}
@@ -304,11 +305,18 @@ func (t *tx) run(op *stmtOp) error {
 	return err
 }
 
-// runOn runs op on the transaction's backend. pgx's Query on a replica
-// reads its first row first: a refusal comes with it (refused).
+// runOn runs op on the transaction's backend. On a replica pgx's Query
+// reads its first row first, and a batch's whole answer is read ahead
+// (sent as a copy, whose callbacks run from the results that stand): a
+// refusal comes with it (refused).
 func (t *tx) runOn(op *stmtOp) error {
-	op.ahead = op.kind == opPgxQuery && t.onReplica
-	return op.run(t.b)
+	op.ahead = (op.kind == opPgxQuery || op.kind == opPgxBatch) && t.onReplica
+	if op.kind != opPgxBatch || !op.ahead || t.b.wire == nil {
+		return op.run(t.b)
+	}
+	t.b.wire.Watch()
+	op.run(t.b)
+	return t.b.peekBatch(op.ctx)
 }
 
 // refused reports that the standby refused the first statement of a

@@ -223,11 +223,11 @@ type Conn struct {
 	abuf     []byte
 
 	// Watch's state: pgx's Syncs sent and ReadyForQuery messages passed
-	// since, and the SQLSTATE of the first ErrorResponse passed.
+	// since, and the first ErrorResponse passed.
 	watch       bool
 	watchSyncs  int
 	watchReady  int
-	watchCode   string
+	watchErr    *pgconn.PgError
 	watchPassed int // pgx's bytes kept for it by Peek
 }
 
@@ -745,7 +745,7 @@ func (c *Conn) endMessage() {
 // and says whether one was an error. Unwatch ends it.
 func (c *Conn) Watch() {
 	c.mu.Lock()
-	c.watch, c.watchSyncs, c.watchReady, c.watchCode = true, 0, 0, ""
+	c.watch, c.watchSyncs, c.watchReady, c.watchErr = true, 0, 0, nil
 	c.mu.Unlock()
 }
 
@@ -756,34 +756,32 @@ func (c *Conn) Unwatch() {
 	c.mu.Unlock()
 }
 
-// watched notes one of pgx's messages while watching: an ErrorResponse's
-// SQLSTATE, the first one, and a ReadyForQuery. Call it with c.mu held.
+// watched notes one of pgx's messages while watching: the first
+// ErrorResponse, and each ReadyForQuery. Call it with c.mu held.
 func (c *Conn) watched(t byte, body []byte) {
 	switch t {
 	case 'Z':
 		c.watchReady++
 	case 'E':
-		if c.watchCode != "" {
+		if c.watchErr != nil {
 			return
 		}
 		var er pgproto3.ErrorResponse
 		if er.Decode(body) == nil {
-			c.watchCode = er.Code
+			c.watchErr = pgconn.ErrorResponseToPgError(&er)
 		}
 	}
 }
 
 // Peek reads ahead, beside pgx, until every Sync (or Query) pgx sent since
 // Watch has its ReadyForQuery, keeping pgx's bytes for its next Reads, and
-// returns the SQLSTATE of the first error among pgx's answers ("" for
-// none). It stops early, with complete false, once it has kept limit
-// bytes for pgx: an answer that large is left for pgx to read as it comes.
-// An error is the socket's, or the context's.
-func (c *Conn) Peek(ctx context.Context, limit int) (code string, complete bool, err error) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		dl = time.Now().Add(30 * time.Second)
-	}
+// returns the first error among pgx's answers (nil for none). It stops
+// early, with complete false, once it has kept limit bytes for pgx: an
+// answer that large is left for pgx to read as it comes. It waits as long
+// as pgx would, within ctx only. An error is the socket's, or the
+// context's.
+func (c *Conn) Peek(ctx context.Context, limit int) (first *pgconn.PgError, complete bool, err error) {
+	dl, _ := ctx.Deadline() // none: as long as it takes, as pgx reading the answer would
 	c.mu.Lock()
 	c.watchPassed = 0
 	c.mu.Unlock()
@@ -792,7 +790,7 @@ func (c *Conn) Peek(ctx context.Context, limit int) (code string, complete bool,
 	})
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.watchCode, c.watchReady >= c.watchSyncs, err
+	return c.watchErr, c.watchReady >= c.watchSyncs, err
 }
 
 // Await reads from the socket until in's answer is complete, keeping any
@@ -841,17 +839,10 @@ func (c *Conn) readUntilFunc(ctx context.Context, dl time.Time, keep bool, done 
 			}
 			w := c.waiter
 			c.mu.Unlock()
-			t := time.NewTimer(time.Until(dl))
-			select {
-			case <-w:
-				t.Stop()
-				continue
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case <-t.C:
-				return errAwaitTimeout
+			if err := waitUntil(ctx, w, dl); err != nil {
+				return err
 			}
+			continue
 		}
 		c.reading = true
 		if c.abuf == nil {
@@ -949,6 +940,24 @@ func (c *Conn) readBy(ctx context.Context, dl time.Time) (int, error) {
 		c.Conn.SetReadDeadline(pgxDL)
 	}()
 	return c.Conn.Read(c.abuf)
+}
+
+// waitUntil waits until w is closed, ctx ends or dl (when set) passes.
+func waitUntil(ctx context.Context, w chan struct{}, dl time.Time) error {
+	var expire <-chan time.Time
+	if !dl.IsZero() {
+		t := time.NewTimer(time.Until(dl))
+		defer t.Stop()
+		expire = t.C
+	}
+	select {
+	case <-w:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-expire:
+		return errAwaitTimeout
+	}
 }
 
 // waitFor waits until w is closed, or until dl (when set) passes.

@@ -1,0 +1,239 @@
+package pgryw_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/pgtest"
+)
+
+// pgx's front end at its edges: a pool without replicas, batches that
+// begin transactions, a batch a replica refuses as a write, the pool's
+// hooks, connections given back with answers unread.
+
+// TestIntegrationPoolNoReplicas: with no replicas the Pool is pgx's own,
+// and a failed Query, a failed QueryRow and a batch that begins a
+// transaction all give their connection back (a pool of one would hang
+// otherwise).
+func TestIntegrationPoolNoReplicas(t *testing.T) {
+	pgtest.Require(t, cluster)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	table := newTable(t)
+	p, err := pgryw.NewPool(ctx, cluster.WriterDSN()+"&pool_max_conns=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for range 3 {
+		if _, err := p.Query(ctx, "SELECT * FROM no_such_table"); err == nil {
+			t.Fatal("a query of a missing table did not fail")
+		}
+		if err := p.QueryRow(ctx, "SELECT * FROM no_such_table").Scan(new(int)); err == nil {
+			t.Fatal("a QueryRow of a missing table did not fail")
+		}
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue("INSERT INTO "+table+" (id, v) VALUES ($1, 1)", 1)
+	br := p.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO "+table+" (id, v) VALUES ($1, 1)", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := p.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("count %d, %v", n, err)
+	}
+}
+
+// TestIntegrationPoolBatchBeginTx: a batch that begins a transaction runs
+// on the primary, and the transaction's commit moves the watermark: the
+// pool's next read, on a replica behind, sees it. One whose BEGIN never
+// ran (its context ended) leaves no transaction open on pgryw's side.
+func TestIntegrationPoolBatchBeginTx(t *testing.T) {
+	setDelay(t, 100*time.Millisecond)
+	p := openPool(t, "wait_timeout=1s&pool_max_conns=2")
+	ctx := context.Background()
+	table := newTable(t)
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue("INSERT INTO "+table+" (id, v) VALUES ($1, 1)", 1)
+	br := c.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n, port int
+	if err := p.QueryRow(ctx, "SELECT count(*), "+nodePort+" FROM "+table).Scan(&n, &port); err != nil || n != 1 {
+		t.Fatalf("read after the batch's transaction: count %d, %v", n, err)
+	}
+	if port == cluster.Writer.Port {
+		t.Errorf("the read ran on the primary")
+	}
+
+	done, stop := context.WithCancel(ctx)
+	stop()
+	b = &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue("SELECT 1")
+	br = c.SendBatch(done, b)
+	br.Close()
+	tx2, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatalf("a transaction after a batch whose BEGIN never ran: %v", err)
+	}
+	tx2.Rollback(ctx)
+
+	// In a transaction, pgx refuses such a batch.
+	tx3, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx3.Rollback(ctx)
+	b = &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	if err := tx3.SendBatch(ctx, b).Close(); err == nil || err.Error() != "Batch.BeginTx cannot be used within a transaction" {
+		t.Fatalf("a Batch.BeginTx batch in a transaction: %v", err)
+	}
+}
+
+// TestIntegrationPoolBatchRefusedWrite: a batch classified as a read (a
+// function listed in read_functions that writes) is refused by the
+// replica (25006), runs on the primary, and its commit moves the pool's
+// watermark: a read on another connection sees it.
+func TestIntegrationPoolBatchRefusedWrite(t *testing.T) {
+	table := newTable(t)
+	fn := table + "_ins"
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, cluster.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE FUNCTION %s(bigint) RETURNS int LANGUAGE sql AS 'INSERT INTO %s (id, v) VALUES ($1, 1) RETURNING v'", fn, table)); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	setDelay(t, 100*time.Millisecond)
+	p := openPool(t, "wait_timeout=1s&pool_max_conns=4&read_functions="+fn)
+	for i := range int64(5) {
+		b := &pgx.Batch{}
+		b.Queue("SELECT "+fn+"($1)", i)
+		if err := p.SendBatch(ctx, b).Close(); err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		c1, err := p.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2, err := p.Acquire(ctx) // another connection than the batch's, most likely
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		err = c2.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE id = $1", i).Scan(&n)
+		c1.Release()
+		c2.Release()
+		if err != nil || n != 1 {
+			t.Fatalf("read after batch %d: count %d, %v", i, n, err)
+		}
+	}
+}
+
+// TestIntegrationPoolHooks: a PrepareConn that sets session state on the
+// primary's connection keeps that connection's reads on the primary, where
+// the state is; one that sends nothing leaves them on replicas.
+// AfterConnect runs on replicas' connections too.
+func TestIntegrationPoolHooks(t *testing.T) {
+	pgtest.Require(t, cluster)
+	ctx := context.Background()
+	for _, sends := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sends=%v", sends), func(t *testing.T) {
+			pc, err := pgryw.ParsePoolConfig(cluster.WriterDSN() + "&pool_max_conns=1&replicas=" + cluster.ReplicaAddrs()[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			pc.Config.ReadFunctions = append(pc.Config.ReadFunctions, nodeProbes...)
+			var connected int
+			pc.AfterConnect = func(context.Context, *pgx.Conn) error { connected++; return nil }
+			pc.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
+				if sends {
+					_, err := c.Exec(ctx, "SELECT set_config('app.tenant', 'a', false)")
+					return err == nil, err
+				}
+				return !c.IsClosed(), nil
+			}
+			p, err := pgryw.NewPoolWithConfig(ctx, pc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			for range 3 {
+				var tenant string
+				var port int
+				err := p.QueryRow(ctx, "SELECT coalesce(current_setting('app.tenant', true), ''), "+nodePort).Scan(&tenant, &port)
+				if err != nil {
+					t.Fatal(err)
+				}
+				onPrimary := port == cluster.Writer.Port
+				if sends && (tenant != "a" || !onPrimary) {
+					t.Fatalf("after a hook's set_config: tenant %q on the primary %v; want the hook's setting, from the primary", tenant, onPrimary)
+				}
+				if !sends && onPrimary {
+					t.Fatalf("a hook that sent nothing sent the read to the primary")
+				}
+			}
+			if !sends && connected < 2 {
+				t.Errorf("AfterConnect ran on %d connections; want the primary's and the replica's", connected)
+			}
+		})
+	}
+}
+
+// TestIntegrationPoolReleaseUnread: a connection given back with a
+// replica's rows unread is not reused (pgxpool destroys it too), and the
+// pool goes on.
+func TestIntegrationPoolReleaseUnread(t *testing.T) {
+	p := openPool(t, "pool_max_conns=1")
+	ctx := context.Background()
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := c.Query(ctx, "SELECT g FROM generate_series(1, 100000) g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows.Next()
+	c.Release()
+	var n int
+	// (rows must not be touched now: their connection is the pool's.)
+	if err := p.QueryRow(ctx, "SELECT 41 + 1").Scan(&n); err != nil || n != 42 {
+		t.Fatalf("after a release with rows unread: %d, %v", n, err)
+	}
+	if st := p.Stat(); st.NewConnsCount() != 2 {
+		t.Errorf("%d connections made; want 2 (the first was not reused)", st.NewConnsCount())
+	}
+}
