@@ -527,13 +527,15 @@ func (s *tpSide) run(st tpStep) tpResult {
 	q := s.on(st.sess)
 	switch st.op {
 	case "exec":
+		ended := func() {}
 		if st.sess >= 0 && s.txs[st.sess] == nil {
-			s.noteBlock(st)
+			ended = s.noteBlock(st)
 		}
 		if st.sess < 0 && s.poolExec != nil {
 			s.poolExec()
 		}
 		r, err := q.ExecContext(ctx, st.sql, st.args...)
+		ended()
 		res.err = errText(err)
 		if err == nil {
 			if n, err := r.RowsAffected(); err == nil {
@@ -565,12 +567,14 @@ func (s *tpSide) run(st tpStep) tpResult {
 			break
 		}
 		s.txs[st.sess] = nil
-		s.txOpen.Add(-1)
+		// Open until it has ended: no replica is stopped under a
+		// COMMIT on its way.
 		if st.op == "commit" {
 			res.err = errText(tx.Commit())
 		} else {
 			res.err = errText(tx.Rollback())
 		}
+		s.txOpen.Add(-1)
 	case "prepare":
 		if old := s.stmts[st.stmt]; old != nil {
 			old.Close()
@@ -613,8 +617,10 @@ func (s *tpSide) run(st tpStep) tpResult {
 	return res
 }
 
-// noteBlock keeps count of Exec'd blocks opened and ended, for the faults.
-func (s *tpSide) noteBlock(st tpStep) {
+// noteBlock keeps count of Exec'd blocks opened and ended, for the faults:
+// a block counts from before its BEGIN is sent until after its COMMIT or
+// ROLLBACK returned (the caller calls ended then).
+func (s *tpSide) noteBlock(st tpStep) (ended func()) {
 	up := strings.ToUpper(st.sql)
 	switch {
 	case strings.HasPrefix(up, "BEGIN") && !s.block[st.sess]:
@@ -622,8 +628,9 @@ func (s *tpSide) noteBlock(st tpStep) {
 		s.opening()
 	case (strings.HasPrefix(up, "COMMIT") || strings.HasPrefix(up, "ROLLBACK")) && s.block[st.sess]:
 		s.block[st.sess] = false
-		s.txOpen.Add(-1)
+		return func() { s.txOpen.Add(-1) }
 	}
+	return func() {}
 }
 
 func (r *tpResult) readRows(rows *sql.Rows, err error) {

@@ -209,13 +209,15 @@ func (s *tpSide) runNative(st tpStep) tpResult {
 	q := s.pq(st.sess)
 	switch st.op {
 	case "exec":
+		ended := func() {}
 		if st.sess >= 0 && s.ptxs[st.sess] == nil {
-			s.noteBlock(st)
+			ended = s.noteBlock(st)
 		}
 		if st.sess < 0 && s.poolExec != nil {
 			s.poolExec()
 		}
 		tag, err := q.Exec(ctx, st.sql, st.args...)
+		ended()
 		res.err = errText(err)
 		if err == nil {
 			res.affected = strconv.FormatInt(tag.RowsAffected(), 10)
@@ -243,12 +245,14 @@ func (s *tpSide) runNative(st tpStep) tpResult {
 			break
 		}
 		s.ptxs[st.sess] = nil
-		s.txOpen.Add(-1)
+		// Open until it has ended: no replica is stopped under a
+		// COMMIT on its way.
 		if st.op == "commit" {
 			res.err = errText(tx.Commit(ctx))
 		} else {
 			res.err = errText(tx.Rollback(ctx))
 		}
+		s.txOpen.Add(-1)
 	case "prepare":
 		var err error
 		if tx := s.ptxs[st.sess]; tx != nil {
