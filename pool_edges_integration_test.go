@@ -3,6 +3,8 @@ package pgryw_test
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -235,5 +237,79 @@ func TestIntegrationPoolReleaseUnread(t *testing.T) {
 	}
 	if st := p.Stat(); st.NewConnsCount() != 2 {
 		t.Errorf("%d connections made; want 2 (the first was not reused)", st.NewConnsCount())
+	}
+}
+
+// recordingTracer records the SQL of the queries pgx traces.
+type recordingTracer struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (r *recordingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.mu.Lock()
+	r.sql = append(r.sql, d.SQL)
+	r.mu.Unlock()
+	return ctx
+}
+
+func (r *recordingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestIntegrationPoolPgxOptions: pgx's options keep working through the
+// Pool: a QueryTracer set on ConnConfig sees the application's statements,
+// on the primary and on replicas, and none of pgryw's own; every query
+// exec mode, as the connections' default or as a query's first argument,
+// reads its own writes from replicas.
+func TestIntegrationPoolPgxOptions(t *testing.T) {
+	pgtest.Require(t, cluster)
+	setDelay(t, 50*time.Millisecond)
+	table := newTable(t)
+	ctx := context.Background()
+	modes := []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}
+	id := int64(0)
+	for _, def := range modes {
+		t.Run(def.String(), func(t *testing.T) {
+			pc, err := pgryw.ParsePoolConfig(cluster.WriterDSN() + "&wait_timeout=1s&pool_max_conns=2&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pc.Config.ReadFunctions = append(pc.Config.ReadFunctions, nodeProbes...)
+			tr := &recordingTracer{}
+			pc.ConnConfig.Tracer = tr
+			pc.ConnConfig.DefaultQueryExecMode = def
+			p, err := pgryw.NewPoolWithConfig(ctx, pc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			for _, per := range append([]pgx.QueryExecMode{0}, modes...) {
+				id++
+				var args []any
+				if per != 0 {
+					args = append(args, per)
+				}
+				if _, err := p.Exec(ctx, "INSERT INTO "+table+" (id, v) VALUES ($1, 1)", append(args, id)...); err != nil {
+					t.Fatalf("insert, %v: %v", per, err)
+				}
+				var n, port int
+				if err := p.QueryRow(ctx, "SELECT count(*), "+nodePort+" FROM "+table+" WHERE id = $1", append(args, id)...).Scan(&n, &port); err != nil {
+					t.Fatalf("read, %v: %v", per, err)
+				}
+				if n != 1 || port == cluster.Writer.Port {
+					t.Fatalf("read after the write, %v: count %d on port %d (primary %d)", per, n, port, cluster.Writer.Port)
+				}
+			}
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			for _, q := range tr.sql {
+				if strings.Contains(q, "pg_current_wal") || strings.Contains(q, "pg_last_wal") || strings.Contains(q, "pgryw") || strings.Contains(q, "WAIT FOR") {
+					t.Errorf("the tracer saw pgryw's own statement %q", q)
+				}
+			}
+			if len(tr.sql) < 2*(len(modes)+1) {
+				t.Errorf("the tracer saw %d statements, want at least %d", len(tr.sql), 2*(len(modes)+1))
+			}
+		})
 	}
 }
