@@ -313,3 +313,39 @@ func TestIntegrationPoolPgxOptions(t *testing.T) {
 		})
 	}
 }
+
+// TestIntegrationPoolSession: a Session carries a write's position from
+// one Pool to another (session_scope=conn: no pool watermark to help),
+// and across front ends, through its token.
+func TestIntegrationPoolSession(t *testing.T) {
+	setDelay(t, 100*time.Millisecond)
+	table := newTable(t)
+	ctx := context.Background()
+	writer := openPool(t, "session_scope=conn&wait_timeout=1s")
+	reader := openPool(t, "session_scope=conn&wait_timeout=1s")
+	db, _ := openDB(t, "session_scope=conn&wait_timeout=1s")
+	for i := range int64(5) {
+		s := pgryw.NewSession()
+		if _, err := writer.Exec(pgryw.WithSession(ctx, s), "INSERT INTO "+table+" (id, v) VALUES ($1, 1)", i); err != nil {
+			t.Fatal(err)
+		}
+		tok, err := s.TokenContext(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n, port int
+		if err := reader.QueryRow(pgryw.WithSession(ctx, s), "SELECT count(*), "+nodePort+" FROM "+table+" WHERE id = $1", i).Scan(&n, &port); err != nil || n != 1 {
+			t.Fatalf("the other Pool, with the Session: count %d, %v", n, err)
+		}
+		if port == cluster.Writer.Port {
+			t.Errorf("the read with the Session ran on the primary")
+		}
+		other := pgryw.NewSession()
+		if err := other.Observe(tok); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.QueryRowContext(pgryw.WithSession(ctx, other), "SELECT count(*) FROM "+table+" WHERE id = $1", i).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("database/sql, with the token: count %d, %v", n, err)
+		}
+	}
+}
