@@ -929,11 +929,23 @@ var errAwaitTimeout = errors.New("wire: timed out waiting for a ride-along answe
 
 // readBy reads once into abuf, giving up at dl or when ctx ends, and then
 // puts back the read deadline pgx asked for.
+//
+// The context's end interrupts the read by a deadline in the past, set
+// from the context's own goroutine: when the context ends as the read
+// returns, that goroutine may still be about to set it, and pgx's deadline
+// is put back only once it has (else the past deadline would stay on the
+// socket, and pgx's next read would fail with a timeout at once).
 func (c *Conn) readBy(ctx context.Context, dl time.Time) (int, error) {
 	c.Conn.SetReadDeadline(dl)
-	stop := context.AfterFunc(ctx, func() { c.Conn.SetReadDeadline(time.Unix(1, 0)) })
+	interrupted := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		c.Conn.SetReadDeadline(time.Unix(1, 0))
+		close(interrupted)
+	})
 	defer func() {
-		stop()
+		if !stop() {
+			<-interrupted
+		}
 		c.mu.Lock()
 		pgxDL := c.readDeadline
 		c.mu.Unlock()

@@ -9,7 +9,9 @@ import (
 	"math/rand"
 	"net"
 	"os"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -768,5 +770,59 @@ func TestPeekLimit(t *testing.T) {
 	got, _ := io.ReadAll(c)
 	if !bytes.Equal(got, execute) {
 		t.Fatalf("pgx read %q", got)
+	}
+}
+
+// deadlineConn is a net.Conn whose Read ends the context it is given
+// (cancel) and then returns its data, and which records the last read
+// deadline set on it.
+type deadlineConn struct {
+	net.Conn
+	mu     sync.Mutex
+	last   time.Time
+	data   []byte
+	cancel func()
+}
+
+func (d *deadlineConn) Read(p []byte) (int, error) {
+	d.cancel()
+	runtime.Gosched()
+	return copy(p, d.data), nil
+}
+
+func (d *deadlineConn) Write(p []byte) (int, error) { return len(p), nil }
+
+func (d *deadlineConn) SetReadDeadline(t time.Time) error {
+	d.mu.Lock()
+	d.last = t
+	d.mu.Unlock()
+	return nil
+}
+
+// An Await whose context ends as its read returns leaves pgx's read
+// deadline on the socket, not the past one that interrupts the read: else
+// pgx's next read on the connection fails with a timeout at once.
+func TestAwaitContextEndKeepsPgxDeadline(t *testing.T) {
+	ours := enc(t, &pgproto3.DataRow{Values: [][]byte{[]byte("0/1")}}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	for i := range 2000 {
+		ctx, cancel := context.WithCancel(context.Background())
+		under := &deadlineConn{data: ours, cancel: cancel}
+		c := Wrap(under)
+		pgxDL := time.Now().Add(time.Hour)
+		c.SetReadDeadline(pgxDL)
+		in := &Injection{SQL: "x"}
+		c.AppendAfterExec(in)
+		c.Write(encF(t, &pgproto3.Query{String: "INSERT"}))
+		c.mu.Lock()
+		c.queue = c.queue[1:] // pgx's own answer is not part of this test: only ours is due
+		c.mu.Unlock()
+		c.Await(ctx, in)
+		time.Sleep(10 * time.Microsecond) // a late interrupt, if any, lands now
+		under.mu.Lock()
+		last := under.last
+		under.mu.Unlock()
+		if !last.Equal(pgxDL) {
+			t.Fatalf("try %d: the socket's read deadline is %v after Await, want pgx's %v", i, last, pgxDL)
+		}
 	}
 }
