@@ -58,6 +58,9 @@ type Conn struct {
 
 	tx *tx // the open transaction of the front end's, if any
 
+	// open: the statement on the primary whose rows are still open.
+	open openStmt
+
 	// lostErr: why the last new primary connection checkPrimary asked for
 	// could not be made (database/sql gets driver.ErrBadConn; pgx's front
 	// end, this).

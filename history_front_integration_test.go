@@ -41,6 +41,12 @@ type histRow interface{ Scan(...any) error }
 // histConn is a session's connection.
 type histConn interface {
 	histQ
+	// batchRead reads q (of one key) for each of keys: pgx's front end in
+	// one batch, database/sql's one by one; each is given its row.
+	batchRead(ctx context.Context, q string, keys []int, each func(i int, r histRow) error) error
+	// batchExec runs q: pgx's front end in a batch (with a read in front
+	// of it), database/sql's as one statement.
+	batchExec(ctx context.Context, q string, args ...any) error
 	begin(ctx context.Context, opts sql.TxOptions) (histTx, error)
 	prepare(ctx context.Context, q string) (histStmt, error)
 	valid() bool
@@ -152,6 +158,19 @@ func (c *sqlHConn) queryRow(ctx context.Context, q string, args ...any) histRow 
 	return c.c.QueryRowContext(ctx, q, args...)
 }
 
+func (c *sqlHConn) batchRead(ctx context.Context, q string, keys []int, each func(int, histRow) error) error {
+	for i, k := range keys {
+		if err := each(i, c.c.QueryRowContext(ctx, q, k)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *sqlHConn) batchExec(ctx context.Context, q string, args ...any) error {
+	return c.exec(ctx, q, args...)
+}
+
 func (c *sqlHConn) begin(ctx context.Context, opts sql.TxOptions) (histTx, error) {
 	tx, err := c.c.BeginTx(ctx, &opts)
 	if err != nil {
@@ -248,6 +267,21 @@ func (c *pgxHConn) query(ctx context.Context, q string, args ...any) (histRows, 
 
 func (c *pgxHConn) queryRow(ctx context.Context, q string, args ...any) histRow {
 	return c.c.QueryRow(ctx, q, args...)
+}
+
+func (c *pgxHConn) batchRead(ctx context.Context, q string, keys []int, each func(int, histRow) error) error {
+	b := &pgx.Batch{}
+	for i, k := range keys {
+		b.Queue(q, k).QueryRow(func(r pgx.Row) error { return each(i, r) })
+	}
+	return c.c.SendBatch(ctx, b).Close()
+}
+
+func (c *pgxHConn) batchExec(ctx context.Context, q string, args ...any) error {
+	b := &pgx.Batch{}
+	b.Queue("SELECT 1")
+	b.Queue(q, args...)
+	return c.c.SendBatch(ctx, b).Close()
 }
 
 // begin begins a transaction as pgx's users do: the context bounds the

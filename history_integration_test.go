@@ -674,6 +674,10 @@ var histKinds = []struct {
 	{"pool-write", 3, false},
 	{"pool-read", 3, true},
 	{"pool-commit-fail", 1, false},
+	// pgx's batches (database/sql's sessions run their statements one by
+	// one): two reads in one batch, and a write in one.
+	{"read-batch", 4, true},
+	{"w-batch", 3, false},
 }
 
 func (s *histSession) pickKind() string {
@@ -732,6 +736,10 @@ func (s *histSession) step() {
 	case "pool-read":
 		op.sess = -1
 		s.readAll(ctx, op, s.poolQ(), op.start, false)
+	case "read-batch":
+		s.readBatch(ctx, op)
+	case "w-batch":
+		s.writeSingle(ctx, op)
 	}
 	op.end = h.now()
 	watchdog.Stop()
@@ -838,6 +846,37 @@ func (s *histSession) readOne(ctx context.Context, op *histOp, q histQ, k int, t
 	return true
 }
 
+// readBatch reads two keys: through pgx's front end in one batch (one
+// replica read, one wait), through database/sql one after the other.
+func (s *histSession) readBatch(ctx context.Context, op *histOp) {
+	keys := []int{s.rng.IntN(histKeys), s.rng.IntN(histKeys)}
+	at := s.h.now()
+	var served pgryw.ServedBy
+	ctx = pgryw.WithServedBy(ctx, func(_ context.Context, sb pgryw.ServedBy) { served = sb })
+	reads := make([]histRead, len(keys))
+	err := s.conn.batchRead(ctx, s.h.sql.readOne, keys, func(i int, row histRow) error {
+		r := histRead{ts: at, at: at, vals: make([]int64, histKeys)}
+		for k := range r.vals {
+			r.vals[k] = -1
+		}
+		var v int64
+		if err := row.Scan(&v, &r.port); err != nil {
+			return err
+		}
+		r.vals[keys[i]] = v
+		reads[i] = r
+		return nil
+	})
+	if err != nil {
+		s.readFailed(ctx, op, err, true)
+		return
+	}
+	for _, r := range reads {
+		r.served = served
+		op.reads = append(op.reads, r)
+	}
+}
+
 // readFailed records a failed read. A server error on an autocommit read
 // (or a read-only BEGIN) that the caller did not cause by cancelling is a
 // violation of "failures fall back, not through", except the errors a
@@ -903,6 +942,8 @@ func (s *histSession) writeSingle(ctx context.Context, op *histOp) {
 	switch op.kind {
 	case "w-exec":
 		err = s.conn.exec(ctx, h.sql.cte, k, id)
+	case "w-batch":
+		err = s.conn.batchExec(ctx, h.sql.cte, k, id)
 	case "pool-write":
 		err = s.poolQ().exec(ctx, h.sql.cte, k, id)
 	case "w-returning":

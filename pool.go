@@ -158,9 +158,7 @@ func (p *Pool) Acquire(ctx context.Context) (*PoolConn, error) {
 			}
 		}
 		if p.prepare != nil {
-			sent := pc.cn.primary.sent()
-			ok, err := p.prepare(ctx, pc.cn.primary.pgx())
-			pc.cn.afterHook(sent)
+			ok, err := pc.cn.prepareHook(ctx, p.prepare)
 			if !ok {
 				res.Destroy()
 			}
@@ -192,9 +190,7 @@ func (p *Pool) AcquireAllIdle(ctx context.Context) []*PoolConn {
 			continue
 		}
 		if p.prepare != nil {
-			sent := pc.cn.primary.sent()
-			ok, err := p.prepare(ctx, pc.cn.primary.pgx())
-			pc.cn.afterHook(sent)
+			ok, err := pc.cn.prepareHook(ctx, p.prepare)
 			if !ok || err != nil {
 				res.Destroy()
 				continue
@@ -474,155 +470,3 @@ func (s *PoolStat) MaxLifetimeDestroyCount() int64 { return s.lifetimeDestroys }
 // MaxIdleDestroyCount is the number of connections closed past
 // MaxConnIdleTime.
 func (s *PoolStat) MaxIdleDestroyCount() int64 { return s.idleDestroys }
-
-// PoolConn is a connection acquired from a Pool, with pgxpool.Conn's
-// methods: its statements share one session (its watermark, settings and
-// transaction blocks). Release gives it back.
-type PoolConn struct {
-	res *puddle.Resource[*poolConn]
-	p   *Pool
-}
-
-func (c *PoolConn) cn() *Conn { return c.res.Value().cn }
-
-// releaser returns c.Release, for rows, results and transactions that give
-// the connection back when they end.
-func (c *PoolConn) releaser() func() { return c.Release }
-
-// Release gives the connection back to its pool; calls after the first do
-// nothing. A connection left in a transaction, or broken, is closed.
-func (c *PoolConn) Release() {
-	res := c.res
-	if res == nil {
-		return
-	}
-	c.res = nil
-	p := c.p
-	cn := res.Value().cn
-	if !cn.reusable() {
-		res.Destroy()
-		p.dropped()
-		return
-	}
-	if res.Value().expired() {
-		p.lifetimeDestroys.Add(1)
-		res.Destroy()
-		p.dropped()
-		return
-	}
-	after := p.cfg.AfterRelease
-	if after == nil {
-		res.Release()
-		return
-	}
-	go func() {
-		sent := cn.primary.sent()
-		keep := after(cn.primary.pgx())
-		cn.afterHook(sent)
-		if keep {
-			res.Release()
-			return
-		}
-		res.Destroy()
-		p.dropped()
-	}()
-}
-
-// afterHook follows a pool hook given the primary's pgx connection
-// (PrepareConn, BeforeAcquire, AfterRelease): if it sent anything, what
-// that changed in the session is not known (set_config, SET ROLE, a
-// temporary table...): the connection's reads stay on the primary, as
-// after set_config with a computed name, until DISCARD ALL.
-func (cn *Conn) afterHook(sentBefore uint64) {
-	if cn.c.plain || cn.primary.sent() == sentBefore {
-		return
-	}
-	cn.setPins(cn.pins|pinUntracked|pinUnread, "a statement of a pool hook's")
-}
-
-// reusable reports whether cn may go back to the pool: no transaction of
-// the front end's or block open, no answer left unread on any of its
-// server connections, the primary's open. Rows of a write left open
-// (INSERT … RETURNING) may have committed with no position read: the
-// session's position is then marked lost, and a later read reads it
-// afresh.
-func (cn *Conn) reusable() bool {
-	p := cn.primary
-	if p.pg.IsBusy() && cn.c.cfg.ReadYourWrites && !cn.c.plain {
-		cn.markLost(context.Background(), true)
-	}
-	if cn.tx != nil || p.closed() || !p.idle() || p.pg.IsBusy() {
-		return false
-	}
-	for _, b := range cn.replicas {
-		if b != nil && !b.closed() && (b.pg.IsBusy() || !b.idle()) {
-			return false
-		}
-	}
-	return true
-}
-
-// Exec runs sql, as pgx's Exec: on a replica when it only reads, else on
-// the primary.
-func (c *PoolConn) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return c.cn().pgxExec(ctx, sql, args)
-}
-
-// Query runs sql, as pgx's Query.
-func (c *PoolConn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	return c.cn().pgxQuery(ctx, sql, args, nil)
-}
-
-// QueryRow runs sql, as pgx's QueryRow.
-func (c *PoolConn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return c.cn().pgxQueryRow(ctx, sql, args, nil)
-}
-
-// SendBatch sends b, as pgx's SendBatch (see Pool.SendBatch).
-func (c *PoolConn) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	return c.cn().pgxBatch(ctx, b, nil)
-}
-
-// CopyFrom copies rows into a table on the primary, and moves the
-// watermark.
-func (c *PoolConn) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	return c.cn().pgxCopyFrom(ctx, table, columns, src)
-}
-
-// Begin begins a transaction, as pgx's Begin.
-func (c *PoolConn) Begin(ctx context.Context) (pgx.Tx, error) {
-	return c.BeginTx(ctx, pgx.TxOptions{})
-}
-
-// BeginTx begins a transaction with options (see Pool.BeginTx).
-func (c *PoolConn) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
-	t, err := c.cn().pgxBegin(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return t, nil
-}
-
-// Ping checks the primary connection.
-func (c *PoolConn) Ping(ctx context.Context) error {
-	cn := c.cn()
-	if err := cn.pgxStart(ctx); err != nil {
-		return err
-	}
-	if err := cn.checkPrimary(ctx); err != nil {
-		return cn.pgxError(err)
-	}
-	return cn.primary.pgx().Ping(ctx)
-}
-
-// Conn returns the primary's pgx connection. Statements sent through it
-// directly are not routed and do not move the watermark: use RunOnPrimary
-// for writes.
-func (c *PoolConn) Conn() *pgx.Conn { return c.cn().primary.pgx() }
-
-// RunOnPrimary runs f with the primary's pgx connection, and then counts
-// whatever f did as a write (see Conn.RunOnPrimary).
-func (c *PoolConn) RunOnPrimary(ctx context.Context, f func(*pgx.Conn) error) error {
-	cn := c.cn()
-	return cn.pgxError(cn.RunOnPrimary(ctx, f))
-}

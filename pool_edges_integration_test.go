@@ -164,16 +164,41 @@ func TestIntegrationPoolBatchRefusedWrite(t *testing.T) {
 	}
 }
 
-// TestIntegrationPoolHooks: a PrepareConn that sets session state on the
-// primary's connection keeps that connection's reads on the primary, where
-// the state is; one that sends nothing leaves them on replicas.
-// AfterConnect runs on replicas' connections too.
+// TestIntegrationPoolHooks: what a PrepareConn hook sends on the primary's
+// connection is taken in as the connection's own statements are: a
+// setting it makes (set_config with a literal name, with an argument, so
+// pgx prepares it once and binds it after) follows the connection's reads
+// to the replicas, also with reset_session=on (the reset runs before the
+// hook); a ping changes nothing; a setting whose name pgryw cannot know
+// keeps the reads on the primary, where it is. AfterConnect runs on
+// replicas' connections too.
 func TestIntegrationPoolHooks(t *testing.T) {
 	pgtest.Require(t, cluster)
 	ctx := context.Background()
-	for _, sends := range []bool{false, true} {
-		t.Run(fmt.Sprintf("sends=%v", sends), func(t *testing.T) {
-			pc, err := pgryw.ParsePoolConfig(cluster.WriterDSN() + "&pool_max_conns=1&replicas=" + cluster.ReplicaAddrs()[0])
+	for _, tc := range []struct {
+		name      string
+		extra     string
+		hook      func(ctx context.Context, c *pgx.Conn) error
+		tenant    string // what the reads see
+		onPrimary bool   // where they run
+	}{
+		{"set_config", "", func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, "SELECT set_config('app.tenant', $1, false)", "a")
+			return err
+		}, "a", false},
+		{"set_config reset_session", "&reset_session=on", func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, "SELECT set_config('app.tenant', $1, false)", "a")
+			return err
+		}, "a", false},
+		{"ping", "", func(ctx context.Context, c *pgx.Conn) error { return c.Ping(ctx) }, "", false},
+		{"nothing", "", func(context.Context, *pgx.Conn) error { return nil }, "", false},
+		{"computed name", "", func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, "SELECT set_config($1, 'b', false)", "app.tenant")
+			return err
+		}, "b", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pc, err := pgryw.ParsePoolConfig(cluster.WriterDSN() + "&pool_max_conns=1&replicas=" + cluster.ReplicaAddrs()[0] + tc.extra)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -181,33 +206,32 @@ func TestIntegrationPoolHooks(t *testing.T) {
 			var connected int
 			pc.AfterConnect = func(context.Context, *pgx.Conn) error { connected++; return nil }
 			pc.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
-				if sends {
-					_, err := c.Exec(ctx, "SELECT set_config('app.tenant', 'a', false)")
-					return err == nil, err
-				}
-				return !c.IsClosed(), nil
+				err := tc.hook(ctx, c)
+				return err == nil, err
 			}
 			p, err := pgryw.NewPoolWithConfig(ctx, pc)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer p.Close()
-			for range 3 {
+			for i := range 6 {
+				// Every other read is sent to the primary (WithPrimary),
+				// where a reset left pending would ride in front of it.
+				rctx, wantPrimary := ctx, tc.onPrimary
+				if i%2 == 1 {
+					rctx, wantPrimary = pgryw.WithPrimary(ctx), true
+				}
 				var tenant string
 				var port int
-				err := p.QueryRow(ctx, "SELECT coalesce(current_setting('app.tenant', true), ''), "+nodePort).Scan(&tenant, &port)
+				err := p.QueryRow(rctx, "SELECT coalesce(current_setting('app.tenant', true), ''), "+nodePort).Scan(&tenant, &port)
 				if err != nil {
 					t.Fatal(err)
 				}
-				onPrimary := port == cluster.Writer.Port
-				if sends && (tenant != "a" || !onPrimary) {
-					t.Fatalf("after a hook's set_config: tenant %q on the primary %v; want the hook's setting, from the primary", tenant, onPrimary)
-				}
-				if !sends && onPrimary {
-					t.Fatalf("a hook that sent nothing sent the read to the primary")
+				if onPrimary := port == cluster.Writer.Port; tenant != tc.tenant || onPrimary != wantPrimary {
+					t.Fatalf("read %d: tenant %q on the primary %v; want %q, on the primary %v", i, tenant, onPrimary, tc.tenant, wantPrimary)
 				}
 			}
-			if !sends && connected < 2 {
+			if !tc.onPrimary && connected < 2 {
 				t.Errorf("AfterConnect ran on %d connections; want the primary's and the replica's", connected)
 			}
 		})

@@ -164,10 +164,20 @@ func (cn *Conn) runPrimary(ctx context.Context, cls sqlclass.Result, p *plan, op
 // settleLater is runPrimary's done: ws is a copy, so that only a statement
 // whose answer stays open puts one on the heap.
 func (cn *Conn) settleLater(ctx context.Context, ws primaryStmt) func(error) {
+	cn.open = openStmt{ctx: ctx, commits: ws.commits}
 	return func(err error) {
+		cn.open = openStmt{}
 		cn.afterPrimary(ctx, &ws, err)
 		cn.releaseFallback()
 	}
+}
+
+// openStmt is a statement on the primary whose answer is still open (its
+// rows), until it is settled: the connection given back to a pool before
+// (its rows left open) marks its position lost, for its Session too.
+type openStmt struct {
+	ctx     context.Context
+	commits bool
 }
 
 // staleRead reports that a read run on the primary outside a transaction

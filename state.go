@@ -345,6 +345,31 @@ func (cn *Conn) resetState(ctx context.Context) error {
 	return nil
 }
 
+// readBackNow reads the session's state back with a round trip of its
+// own (the read-back riding behind SELECT 1), for what pgryw did not route
+// (a pool hook's statements). Where it cannot, the connection's reads stay
+// on the primary until a read-back rides behind a statement there.
+func (cn *Conn) readBackNow(ctx context.Context, why string) {
+	w := cn.primary
+	pins := cn.pins | pinUnread
+	if w.wire != nil && !w.peer.TxPooled && w.idle() {
+		inj := w.injectPrepared(&w.state, stmtState, sqlState, textArray(cn.sess.set.tracked, nil))
+		w.wire.AppendAfterExec(inj)
+		_, _, err := w.control(ctx, "SELECT 1")
+		answered := err == nil && cn.await(ctx, w, inj)
+		w.wire.Disarm()
+		switch {
+		case answered && inj.Err() != nil:
+			w.injectionFailed(stmtState, inj.Err())
+		case answered:
+			if got, ok := cn.readState(inj); ok {
+				pins = pins&^readBack | got
+			}
+		}
+	}
+	cn.setPins(pins, why)
+}
+
 // dropSessionState forgets the session's settings (replica connections are
 // given the change with their next read) and leaves pins as its pins: the
 // session was reset, or replaced by a new one. why is for the log.

@@ -73,6 +73,7 @@ type tpStep struct {
 	stmt int // prepared statement slot
 
 	batch []tpStep // batch: its statements (sql and args)
+	cb    bool     // batch: read through the statements' callbacks, run by Close
 	rows  [][]any  // copy: the rows copied into t
 }
 
@@ -669,13 +670,19 @@ func (r *tpResult) readRows(rows *sql.Rows, err error) {
 }
 
 // errText is what a program can tell of an error: a server error by its
-// SQLSTATE, another by its text.
+// SQLSTATE (and, for the codes a standby also refuses statements with, its
+// message: a standby's refusal is not the primary's error of the same
+// code), another by its text.
 func errText(err error) string {
 	if err == nil {
 		return ""
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "0A000", "25006", "55000":
+			return "SQLSTATE " + pgErr.Code + ": " + pgErr.Message
+		}
 		return "SQLSTATE " + pgErr.Code
 	}
 	if errors.Is(err, driver.ErrBadConn) {

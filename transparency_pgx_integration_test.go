@@ -278,21 +278,31 @@ func (s *tpSide) runNative(st tpStep) tpResult {
 		res.err = errText(s.pconns[max(st.sess, 0)].Conn().Deallocate(ctx, tpStmtName(st.stmt)))
 	case "batch":
 		b := &pgx.Batch{}
-		for _, bs := range st.batch {
-			b.Queue(bs.sql, bs.args...)
+		parts := make([]tpResult, len(st.batch))
+		for i, bs := range st.batch {
+			qq := b.Queue(bs.sql, bs.args...)
+			if st.cb {
+				qq.Query(func(rows pgx.Rows) error {
+					parts[i].readPgxRows(rows, nil)
+					return nil
+				})
+			}
 		}
 		br := q.SendBatch(ctx, b)
-		for range st.batch {
-			rows, err := br.Query()
-			var part tpResult
-			part.readPgxRows(rows, err)
+		if !st.cb {
+			for i := range st.batch {
+				rows, err := br.Query()
+				parts[i].readPgxRows(rows, err)
+			}
+		}
+		res.err = errText(br.Close())
+		for _, part := range parts {
 			res.cols = append(res.cols, part.cols...)
 			res.rows = append(res.rows, part.rows...)
 			if part.err != "" {
 				res.rows = append(res.rows, []string{"error " + part.err})
 			}
 		}
-		res.err = errText(br.Close())
 	case "copy":
 		n, err := q.CopyFrom(ctx, pgx.Identifier{"t"}, []string{"id", "v"}, pgx.CopyFromRows(st.rows))
 		res.err = errText(err)
@@ -375,5 +385,5 @@ func (g *tpGen) nativeStep(s int) {
 	if g.rng.IntN(4) == 0 && !g.inTx[s] && !g.block[s] {
 		s = -1
 	}
-	g.add(tpStep{sess: s, op: "batch", batch: batch})
+	g.add(tpStep{sess: s, op: "batch", batch: batch, cb: g.rng.IntN(2) == 0})
 }

@@ -259,6 +259,11 @@ func (t *tx) note(op *stmtOp, cls *sqlclass.Result, err error) {
 // the transaction to the primary first when the statement must run there
 // or would see more there (needsPrimary, behind).
 func (t *tx) place(ctx context.Context, op *stmtOp) (sqlclass.Result, error) {
+	if t.onReplica && !t.aborted && t.b.pg.TxStatus() == 'E' {
+		// An error pgryw did not read (in a result past what a batch's
+		// read-ahead holds, say) aborted it on the server.
+		t.aborted = true
+	}
 	cls := t.cn.c.classifyOp(ctx, op)
 	if t.needsPrimary(&cls) || t.behind(ctx) {
 		return cls, t.toPrimary()
@@ -295,7 +300,11 @@ func (t *tx) run(op *stmtOp) error {
 	err = t.runOn(op)
 	if refused, nodeWide := t.refused(err); refused {
 		op.discard() // a batch's results, read ahead
-		if err = t.retryOnPrimary(op.query, nodeWide, err); err == nil {
+		query := op.query
+		if op.kind == opPgxBatch {
+			query = "" // which of its statements was refused is not known: nothing is learned
+		}
+		if err = t.retryOnPrimary(query, nodeWide, err); err == nil {
 			err = t.runOn(op)
 		}
 	}
@@ -344,11 +353,12 @@ func (t *tx) refused(err error) (refused, nodeWide bool) {
 }
 
 // retryOnPrimary moves a transaction whose statement its replica refused
-// to the primary, learning that the statement belongs there.
+// to the primary, learning that the statement (query, unless "") belongs
+// there.
 func (t *tx) retryOnPrimary(query string, nodeWide bool, err error) error {
 	var e *pgconn.PgError
 	switch {
-	case nodeWide || !errors.As(err, &e):
+	case nodeWide || query == "" || !errors.As(err, &e):
 	case e.Code == sqlstateReadOnly:
 		t.cn.c.classes.learnWrite(query)
 	default:

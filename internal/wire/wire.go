@@ -229,6 +229,15 @@ type Conn struct {
 	watchReady  int
 	watchErr    *pgconn.PgError
 	watchPassed int // pgx's bytes kept for it by Peek
+
+	// Record's state: the statements pgx sent since, and whether it sent
+	// something whose text was not seen; recNames are the named
+	// statements whose Parse a recording saw, kept across recordings.
+	rec        bool
+	recTexts   []string
+	recUnknown bool
+	recUnnamed bool // an unnamed Parse was seen in this recording
+	recNames   map[string]string
 }
 
 // Wrap wraps c.
@@ -294,6 +303,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 	if c.watch {
 		syncs, _, _, _ := scanFrontend(b)
 		c.watchSyncs += syncs
+	}
+	if c.rec {
+		c.record(b)
 	}
 	c.mu.Unlock()
 	n, err := c.Conn.Write(buf)
@@ -740,6 +752,76 @@ func (c *Conn) endMessage() {
 	}
 }
 
+// Record starts noting the statements pgx sends: the SQL of its Query and
+// Parse messages, and whether it sent anything whose text was not seen (a
+// Bind of a statement prepared outside a recording, a FunctionCall).
+// Recorded ends it. For what pgx's callers do with the connection directly
+// (a pool's hooks), which pgryw does not route.
+func (c *Conn) Record() {
+	c.mu.Lock()
+	c.rec, c.recTexts, c.recUnknown, c.recUnnamed = true, nil, false, false
+	c.mu.Unlock()
+}
+
+// Recorded ends Record and returns the statements' texts, and unknown:
+// something was sent whose text was not seen.
+func (c *Conn) Recorded() (texts []string, unknown bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rec = false
+	return c.recTexts, c.recUnknown
+}
+
+// record notes the statements in pgx's write b. Call it with c.mu held.
+func (c *Conn) record(b []byte) {
+	for i := 0; i+5 <= len(b); {
+		t := b[i]
+		n := int(binary.BigEndian.Uint32(b[i+1 : i+5]))
+		if n < 4 || i+1+n > len(b) {
+			c.recUnknown = true
+			return
+		}
+		body := b[i+5 : i+1+n]
+		i += 1 + n
+		switch t {
+		case 'Q':
+			c.recTexts = append(c.recTexts, cstring(body))
+		case 'P':
+			name := cstring(body)
+			query := cstring(body[min(len(name)+1, len(body)):])
+			if name == "" {
+				c.recUnnamed = true
+			} else {
+				if c.recNames == nil {
+					c.recNames = map[string]string{}
+				}
+				c.recNames[name] = query
+			}
+			c.recTexts = append(c.recTexts, query)
+		case 'B':
+			portal := cstring(body)
+			stmt := cstring(body[min(len(portal)+1, len(body)):])
+			if q, ok := c.recNames[stmt]; ok {
+				c.recTexts = append(c.recTexts, q)
+			} else if stmt != "" || !c.recUnnamed {
+				c.recUnknown = true
+			}
+		case 'F':
+			c.recUnknown = true
+		}
+	}
+}
+
+// cstring returns b up to its first NUL.
+func cstring(b []byte) string {
+	for i, x := range b {
+		if x == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}
+
 // Watch starts watching pgx's own answers, from the next message read on:
 // Peek then reads ahead to the end of the answers to what pgx sent since,
 // and says whether one was an error. Unwatch ends it.
@@ -781,11 +863,13 @@ func (c *Conn) watched(t byte, body []byte) {
 // as pgx would, within ctx only. An error is the socket's, or the
 // context's.
 func (c *Conn) Peek(ctx context.Context, limit int) (first *pgconn.PgError, complete bool, err error) {
-	dl, _ := ctx.Deadline() // none: as long as it takes, as pgx reading the answer would
+	// No deadline of its own, not even the context's: its end interrupts
+	// the read (readBy), so an error is always after it, and a socket
+	// that outlived the deadline is not taken for a failed one.
 	c.mu.Lock()
 	c.watchPassed = 0
 	c.mu.Unlock()
-	err = c.readUntilFunc(ctx, dl, true, func() bool {
+	err = c.readUntilFunc(ctx, time.Time{}, true, func() bool {
 		return c.watchReady >= c.watchSyncs || c.watchPassed >= limit
 	})
 	c.mu.Lock()

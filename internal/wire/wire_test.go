@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -824,5 +825,38 @@ func TestAwaitContextEndKeepsPgxDeadline(t *testing.T) {
 		if !last.Equal(pgxDL) {
 			t.Fatalf("try %d: the socket's read deadline is %v after Await, want pgx's %v", i, last, pgxDL)
 		}
+	}
+}
+
+// Record notes the SQL of what pgx sends (Query, Parse), binds of
+// statements a recording saw parsed, and calls anything else unknown.
+func TestRecord(t *testing.T) {
+	under := &chunked{rng: rand.New(rand.NewSource(1))}
+	c := Wrap(under)
+	c.Record()
+	c.Write(encF(t, &pgproto3.Query{String: "-- ping"}))
+	c.Write(encF(t, &pgproto3.Parse{Name: "s1", Query: "SELECT set_config('a.b', $1, false)"}, &pgproto3.Describe{ObjectType: 'S', Name: "s1"}, &pgproto3.Sync{}))
+	c.Write(encF(t, &pgproto3.Bind{PreparedStatement: "s1"}, &pgproto3.Execute{}, &pgproto3.Sync{}))
+	texts, unknown := c.Recorded()
+	want := []string{"-- ping", "SELECT set_config('a.b', $1, false)", "SELECT set_config('a.b', $1, false)"}
+	if unknown || !slices.Equal(texts, want) {
+		t.Fatalf("recorded %q, unknown %v; want %q", texts, unknown, want)
+	}
+	// A later recording knows s1; not s2, prepared while nothing recorded.
+	c.Write(encF(t, &pgproto3.Parse{Name: "s2", Query: "SELECT 2"}, &pgproto3.Sync{}))
+	c.Record()
+	c.Write(encF(t, &pgproto3.Bind{PreparedStatement: "s1"}, &pgproto3.Execute{}, &pgproto3.Sync{}))
+	if texts, unknown := c.Recorded(); unknown || len(texts) != 1 {
+		t.Fatalf("a bind of s1: %q, unknown %v", texts, unknown)
+	}
+	c.Record()
+	c.Write(encF(t, &pgproto3.Bind{PreparedStatement: "s2"}, &pgproto3.Execute{}, &pgproto3.Sync{}))
+	if _, unknown := c.Recorded(); !unknown {
+		t.Fatal("a bind of a statement prepared outside a recording is not unknown")
+	}
+	c.Record()
+	c.Write(encF(t, &pgproto3.FunctionCall{Function: 1}))
+	if _, unknown := c.Recorded(); !unknown {
+		t.Fatal("a FunctionCall is not unknown")
 	}
 }
