@@ -209,6 +209,7 @@ type stmtOp struct {
 
 	pargs []any         // pgx's arguments, options such as a pgx.QueryExecMode first
 	batch *pgx.Batch    // opPgxBatch
+	live  *bool         // opPgxBatch on a replica: the attempt's callbacks are the caller's (attemptBatch)
 	popts pgx.TxOptions // opPgxBegin
 	// ahead: pgx's Query reads the first row before returning, as pgx's
 	// stdlib does for database/sql: a replica's check riding in front has
@@ -275,7 +276,9 @@ func (o *stmtOp) run(b *backend) error {
 	case opPgxBatch:
 		bt := o.batch
 		if o.ahead {
-			bt = bareBatch(bt)
+			o.live = new(bool)
+			*o.live = true
+			bt = attemptBatch(bt, o.live)
 		}
 		o.bres = b.pgx().SendBatch(o.ctx, bt)
 	case opPgxBegin:
@@ -312,6 +315,9 @@ func (o *stmtOp) discard() {
 		case opPgxQuery:
 			o.prows.Close()
 		case opPgxBatch:
+			if o.live != nil {
+				*o.live = false // its callbacks only read their result now
+			}
 			o.bres.Close()
 		}
 	}
@@ -339,14 +345,27 @@ type pgxTx struct{ pgx.Tx }
 func (t pgxTx) commit(ctx context.Context) error   { return t.Tx.Commit(ctx) }
 func (t pgxTx) rollback(ctx context.Context) error { return t.Tx.Rollback(ctx) }
 
-// bareBatch returns a new batch of b's statements without their callbacks:
-// pgx keeps what it learned of each statement in the batch it sent (a
-// batch is sent once), and an attempt that is discarded must not run the
-// caller's callbacks.
-func bareBatch(b *pgx.Batch) *pgx.Batch {
+// attemptBatch returns a new batch of b's statements for one attempt on a
+// replica: pgx keeps what it learned of each statement in the batch it
+// sent (a batch is sent once), and an attempt may be discarded and the
+// batch sent again. Each of the caller's callbacks runs, as pgx runs it
+// (from Close, with pgx's order and errors), while live holds; once the
+// attempt is discarded (live false) it only reads its result, so the
+// caller's callbacks run once, with the results that stand.
+func attemptBatch(b *pgx.Batch, live *bool) *pgx.Batch {
 	nb := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, len(b.QueuedQueries))}
 	for i, q := range b.QueuedQueries {
-		nb.QueuedQueries[i] = &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments}
+		nq := &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments}
+		if fn := q.Fn; fn != nil {
+			nq.Fn = func(br pgx.BatchResults) error {
+				if !*live {
+					_, err := br.Exec()
+					return err
+				}
+				return fn(br)
+			}
+		}
+		nb.QueuedQueries[i] = nq
 	}
 	return nb
 }

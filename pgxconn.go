@@ -161,9 +161,6 @@ func (cn *Conn) pgxBatch(ctx context.Context, b *pgx.Batch, release func()) pgx.
 		return pgx.FailedBatchResults(b, cn.pgxError(err))
 	}
 	br := &pgxBatch{BatchResults: op.bres, done: done, release: release}
-	if op.ahead {
-		br.user = b // sent as a copy: the caller's callbacks run from here
-	}
 	if t := op.bres.Tx(); t != nil {
 		// The batch began a transaction (pgx.Batch.BeginTx): it is
 		// pgryw's, on the primary, and ends the connection's use when it
@@ -444,36 +441,14 @@ func batchOf(br pgx.BatchResults, done func(error), release func()) pgx.BatchRes
 }
 
 // pgxBatch are pgx's batch results, with done and release called once they
-// are closed. With user, the batch sent was a copy of user without its
-// callbacks (bareBatch), and Close runs them on the results left unread,
-// as pgx's Close does.
+// are closed.
 type pgxBatch struct {
 	pgx.BatchResults
-	user    *pgx.Batch
-	next    int // results read
 	tx      *Tx // the transaction the batch began (pgx.Batch.BeginTx)
 	done    func(error)
 	release func()
 	err     error
 	closed  bool
-}
-
-// Exec implements pgx.BatchResults.
-func (b *pgxBatch) Exec() (pgconn.CommandTag, error) {
-	b.next++
-	return b.BatchResults.Exec()
-}
-
-// Query implements pgx.BatchResults.
-func (b *pgxBatch) Query() (pgx.Rows, error) {
-	b.next++
-	return b.BatchResults.Query()
-}
-
-// QueryRow implements pgx.BatchResults.
-func (b *pgxBatch) QueryRow() pgx.Row {
-	b.next++
-	return b.BatchResults.QueryRow()
 }
 
 // Tx implements pgx.BatchResults: the transaction the batch began, as
@@ -491,19 +466,6 @@ func (b *pgxBatch) Close() error {
 		return b.err
 	}
 	defer b.txEnded()
-	if b.user != nil {
-		for b.err == nil && b.next < len(b.user.QueuedQueries) {
-			at := b.next
-			if fn := b.user.QueuedQueries[at].Fn; fn != nil {
-				b.err = fn(b)
-			} else {
-				_, b.err = b.Exec()
-			}
-			if b.next == at {
-				b.next++ // a callback that read nothing
-			}
-		}
-	}
 	b.closed = true
 	if err := b.BatchResults.Close(); b.err == nil {
 		b.err = err

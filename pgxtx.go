@@ -135,9 +135,6 @@ func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if op.bres == nil {
 		return pgx.FailedBatchResults(b, t.t.cn.pgxError(err))
 	}
-	if op.ahead {
-		return &pgxBatch{BatchResults: op.bres, user: b}
-	}
 	return op.bres
 }
 

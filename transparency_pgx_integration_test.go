@@ -283,7 +283,9 @@ func (s *tpSide) runNative(st tpStep) tpResult {
 			qq := b.Queue(bs.sql, bs.args...)
 			if st.cb {
 				qq.Query(func(rows pgx.Rows) error {
-					parts[i].readPgxRows(rows, nil)
+					// Rows that failed before any answer have no
+					// description (pgx's FieldDescriptions would panic).
+					parts[i].readPgxRows(rows, rows.Err())
 					return nil
 				})
 			}
