@@ -42,34 +42,30 @@ func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
 
 // Commit implements pgx.Tx. A read-write transaction's commit moves the
 // watermarks: the position is read behind COMMIT, in the same flush.
-func (t *Tx) Commit(ctx context.Context) error {
-	if t.raw != nil {
-		defer t.done()
-		return t.raw.Commit(ctx)
-	}
-	if t.closed {
-		return pgx.ErrTxClosed
-	}
-	t.closed = true
-	defer t.done()
-	in := t.t
-	in.ctx = ctx
-	return in.end(func() error { return in.inner.commit(ctx) }, true)
-}
+func (t *Tx) Commit(ctx context.Context) error { return t.end(ctx, true) }
 
 // Rollback implements pgx.Tx.
-func (t *Tx) Rollback(ctx context.Context) error {
+func (t *Tx) Rollback(ctx context.Context) error { return t.end(ctx, false) }
+
+// end commits or rolls the transaction back, and gives the pool's
+// connection back.
+func (t *Tx) end(ctx context.Context, commit bool) error {
+	defer t.done()
 	if t.raw != nil {
-		defer t.done()
+		if commit {
+			return t.raw.Commit(ctx)
+		}
 		return t.raw.Rollback(ctx)
 	}
 	if t.closed {
 		return pgx.ErrTxClosed
 	}
 	t.closed = true
-	defer t.done()
 	in := t.t
 	in.ctx = ctx
+	if commit {
+		return in.end(func() error { return in.inner.commit(ctx) }, true)
+	}
 	return in.end(func() error { return in.inner.rollback(ctx) }, false)
 }
 

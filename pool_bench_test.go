@@ -2,7 +2,6 @@ package pgryw_test
 
 import (
 	"context"
-	"slices"
 	"testing"
 	"time"
 
@@ -55,11 +54,7 @@ func alternatePgxP50With(b *testing.B, plain, ryw pgxRowQuerier, q string) {
 			tp = append(tp, run(plain))
 		}
 	}
-	p50 := func(d []time.Duration) float64 {
-		slices.Sort(d)
-		return float64(d[len(d)/2].Nanoseconds())
-	}
-	pp, pr := p50(tp), p50(tr)
+	pp, pr := p50ns(tp), p50ns(tr)
 	b.ReportMetric(pp, "pgxpool-p50-ns")
 	b.ReportMetric(pr, "pgryw-p50-ns")
 	b.ReportMetric(pr/pp, "pgryw/pgxpool-p50")

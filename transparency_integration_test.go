@@ -528,13 +528,7 @@ func (s *tpSide) run(st tpStep) tpResult {
 	q := s.on(st.sess)
 	switch st.op {
 	case "exec":
-		ended := func() {}
-		if st.sess >= 0 && s.txs[st.sess] == nil {
-			ended = s.noteBlock(st)
-		}
-		if st.sess < 0 && s.poolExec != nil {
-			s.poolExec()
-		}
+		ended := s.beforeExec(st, st.sess >= 0 && s.txs[st.sess] != nil)
 		r, err := q.ExecContext(ctx, st.sql, st.args...)
 		ended()
 		res.err = errText(err)
@@ -618,6 +612,21 @@ func (s *tpSide) run(st tpStep) tpResult {
 	return res
 }
 
+// beforeExec does an Exec step's bookkeeping, before it runs: a block it
+// opens or ends (inTx: the session has a transaction of the front end's
+// open, which its statements run in), a fault on the pool's connections.
+// It returns what to call once the Exec has returned.
+func (s *tpSide) beforeExec(st tpStep, inTx bool) (ended func()) {
+	ended = func() {}
+	if st.sess >= 0 && !inTx {
+		ended = s.noteBlock(st)
+	}
+	if st.sess < 0 && s.poolExec != nil {
+		s.poolExec()
+	}
+	return ended
+}
+
 // noteBlock keeps count of Exec'd blocks opened and ended, for the faults:
 // a block counts from before its BEGIN is sent until after its COMMIT or
 // ROLLBACK returned (the caller calls ended then).
@@ -651,22 +660,27 @@ func (r *tpResult) readRows(rows *sql.Rows, err error) {
 			r.err = errText(err)
 			return
 		}
-		row := make([]string, len(vals))
-		for i, v := range vals {
-			switch v := v.(type) {
-			case nil:
-				row[i] = "NULL"
-			case []byte:
-				row[i] = string(v)
-			case time.Time:
-				row[i] = v.UTC().Format(time.RFC3339Nano)
-			default:
-				row[i] = fmt.Sprint(v)
-			}
-		}
-		r.rows = append(r.rows, row)
+		r.rows = append(r.rows, tpRow(vals))
 	}
 	r.err = errText(rows.Err())
+}
+
+// tpRow is a row's values as the checker compares them.
+func tpRow(vals []any) []string {
+	row := make([]string, len(vals))
+	for i, v := range vals {
+		switch v := v.(type) {
+		case nil:
+			row[i] = "NULL"
+		case []byte:
+			row[i] = string(v)
+		case time.Time:
+			row[i] = v.UTC().Format(time.RFC3339Nano)
+		default:
+			row[i] = fmt.Sprint(v)
+		}
+	}
+	return row
 }
 
 // errText is what a program can tell of an error: a server error by its

@@ -12,7 +12,6 @@ package pgryw_test
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -209,13 +208,7 @@ func (s *tpSide) runNative(st tpStep) tpResult {
 	q := s.pq(st.sess)
 	switch st.op {
 	case "exec":
-		ended := func() {}
-		if st.sess >= 0 && s.ptxs[st.sess] == nil {
-			ended = s.noteBlock(st)
-		}
-		if st.sess < 0 && s.poolExec != nil {
-			s.poolExec()
-		}
+		ended := s.beforeExec(st, st.sess >= 0 && s.ptxs[st.sess] != nil)
 		tag, err := q.Exec(ctx, st.sql, st.args...)
 		ended()
 		res.err = errText(err)
@@ -337,20 +330,7 @@ func (r *tpResult) readPgxRows(rows pgx.Rows, err error) {
 			r.err = errText(err)
 			return
 		}
-		row := make([]string, len(vals))
-		for i, v := range vals {
-			switch v := v.(type) {
-			case nil:
-				row[i] = "NULL"
-			case []byte:
-				row[i] = string(v)
-			case time.Time:
-				row[i] = v.UTC().Format(time.RFC3339Nano)
-			default:
-				row[i] = fmt.Sprint(v)
-			}
-		}
-		r.rows = append(r.rows, row)
+		r.rows = append(r.rows, tpRow(vals))
 	}
 	r.err = errText(rows.Err())
 	if r.err == "" {

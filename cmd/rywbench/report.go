@@ -124,57 +124,41 @@ func targets(sums []summary, serverVersionNum int, lagged bool) []target {
 		return t
 	}
 	lim := readLimit(serverVersionNum)
-	// The loop's baseline: pgx's insert and read at the pace pgryw's loop
-	// runs. Behind, that is sleep-replica's (a write every lag): a
-	// primary backend idle for 50 ms between writes costs twice the CPU
-	// per insert of one kept busy.
-	loop := naiveReplica
-	replTarget := judge("replica CPU per read after write ≤ 1.5x a naive read", pgrywName, naiveReplica,
-		part{"CPU", replCPU, 1.5})
-	pgxLoop := pgxNaiveReplica
-	pgxReplTarget := judge("pgx: replica CPU per read after write ≤ 1.5x a naive read", poolName, pgxNaiveReplica,
-		part{"CPU", replCPU, 1.5})
-	if lagged {
-		loop = sleepReplica
-		replTarget = judge("replica CPU per read after write ≤ 2x a read that slept the lag", pgrywName, sleepReplica,
-			part{"CPU", replCPU, 2})
-		pgxLoop = pgxSleepReplica
-		pgxReplTarget = judge("pgx: replica CPU per read after write ≤ 2x a read that slept the lag", poolName, pgxSleepReplica,
-			part{"CPU", replCPU, 2})
+	// One list per front end: database/sql's against pgx stdlib, and pgx's
+	// (the Pool, -strategies pgx) against pgxpool, under the same names.
+	front := func(label, base string, name func(string) string) []target {
+		// The loop's baseline: pgx's insert and read at the pace pgryw's
+		// loop runs. Behind, that is sleep-replica's (a write every lag):
+		// a primary backend idle for 50 ms between writes costs twice the
+		// CPU per insert of one kept busy.
+		loop := name(naiveReplica)
+		repl := judge(label+"replica CPU per read after write ≤ 1.5x a naive read", name(pgrywName), loop,
+			part{"CPU", replCPU, 1.5})
+		if lagged {
+			loop = name(sleepReplica)
+			repl = judge(label+"replica CPU per read after write ≤ 2x a read that slept the lag", name(pgrywName), loop,
+				part{"CPU", replCPU, 2})
+		}
+		return []target{
+			judge(fmt.Sprintf("%sread after write ≤ %.2fx the spin floor", label, lim), name(pgrywName), name(spinFloor),
+				part{"p50", p50r, lim}, part{"p95", p95r, lim}),
+			judge(label+"write in the write-then-read loop ≤ 1.10x a plain insert there", name(pgrywName), loop,
+				part{"p50", p50w, 1.10}, part{"p95", p95w, 1.10}),
+			judge(label+"write in a write-only loop ≤ 1.05x a plain insert", name(pgrywWrite), name(plainWrite),
+				part{"p50", p50w, 1.05}, part{"p95", p95w, 1.05}),
+			judge(label+"primary CPU per write ≤ 1.10x a plain insert", name(pgrywWrite), name(plainWrite),
+				part{"CPU", primCPU, 1.10}),
+			judge(label+"primary CPU per write and read ≤ 1.10x a plain insert and read", name(pgrywName), loop,
+				part{"CPU", primCPU, 1.10}),
+			repl,
+			judge(label+"read with no pending watermark ≤ 1.05x a plain replica read", name(pgrywRead), name(replicaRead),
+				part{"p50", p50r, 1.05}, part{"p95", p95r, 1.05}),
+			judge(label+"no-replica mode ≤ 1.03x "+base, name(pgrywNoReplica), name(stickyPrimary),
+				part{"write p50", p50w, 1.03}, part{"write p95", p95w, 1.03}, part{"read p50", p50r, 1.03}, part{"read p95", p95r, 1.03}),
+		}
 	}
-	return []target{
-		judge(fmt.Sprintf("read after write ≤ %.2fx the spin floor", lim), pgrywName, spinFloor,
-			part{"p50", p50r, lim}, part{"p95", p95r, lim}),
-		judge("write in the write-then-read loop ≤ 1.10x a plain insert there", pgrywName, loop,
-			part{"p50", p50w, 1.10}, part{"p95", p95w, 1.10}),
-		judge("write in a write-only loop ≤ 1.05x a plain insert", pgrywWrite, plainWrite,
-			part{"p50", p50w, 1.05}, part{"p95", p95w, 1.05}),
-		judge("primary CPU per write ≤ 1.10x a plain insert", pgrywWrite, plainWrite,
-			part{"CPU", primCPU, 1.10}),
-		judge("primary CPU per write and read ≤ 1.10x a plain insert and read", pgrywName, loop,
-			part{"CPU", primCPU, 1.10}),
-		replTarget,
-		judge("read with no pending watermark ≤ 1.05x a plain replica read", pgrywRead, replicaRead,
-			part{"p50", p50r, 1.05}, part{"p95", p95r, 1.05}),
-		judge("no-replica mode ≤ 1.03x pgx stdlib", pgrywNoReplica, stickyPrimary,
-			part{"write p50", p50w, 1.03}, part{"write p95", p95w, 1.03}, part{"read p50", p50r, 1.03}, part{"read p95", p95r, 1.03}),
-		// pgx's front end, against pgxpool (-strategies pgx).
-		judge(fmt.Sprintf("pgx: read after write ≤ %.2fx the spin floor", lim), poolName, pgxSpinFloor,
-			part{"p50", p50r, lim}, part{"p95", p95r, lim}),
-		judge("pgx: write in the write-then-read loop ≤ 1.10x a plain insert there", poolName, pgxLoop,
-			part{"p50", p50w, 1.10}, part{"p95", p95w, 1.10}),
-		judge("pgx: write in a write-only loop ≤ 1.05x a plain insert", poolWrite, pgxPlainWrite,
-			part{"p50", p50w, 1.05}, part{"p95", p95w, 1.05}),
-		judge("pgx: primary CPU per write ≤ 1.10x a plain insert", poolWrite, pgxPlainWrite,
-			part{"CPU", primCPU, 1.10}),
-		pgxReplTarget,
-		judge("pgx: read with no pending watermark ≤ 1.05x a plain replica read", poolRead, pgxReplicaRead,
-			part{"p50", p50r, 1.05}, part{"p95", p95r, 1.05}),
-		judge("pgx: no-replica mode ≤ 1.03x pgxpool", poolNoReplica, pgxStickyPrimary,
-			part{"write p50", p50w, 1.03}, part{"write p95", p95w, 1.03}, part{"read p50", p50r, 1.03}, part{"read p95", p95r, 1.03}),
-		{Name: "cached routing 0 allocations", Status: "n/a",
-			Note: "not measured by rywbench: make allocs"},
-	}
+	ts := append(front("", "pgx stdlib", func(k string) string { return k }), front("pgx: ", "pgxpool", pgxKind)...)
+	return append(ts, target{Name: "cached routing 0 allocations", Status: "n/a", Note: "not measured by rywbench: make allocs"})
 }
 
 func printTargets(w io.Writer, ts []target, e *env, workers int) {

@@ -76,6 +76,17 @@ func sqlKind(kind string) string {
 	return strings.TrimPrefix(kind, "pgx-")
 }
 
+// pgxKind is the pgx strategy that is database/sql strategy kind's
+// counterpart.
+func pgxKind(kind string) string {
+	for _, k := range pgxStrategies {
+		if sqlKind(k) == kind {
+			return k
+		}
+	}
+	return "pgx-" + kind
+}
+
 // isPgx reports whether kind is a pgxpool baseline.
 func isPgx(kind string) bool { return strings.HasPrefix(kind, "pgx-") }
 
