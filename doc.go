@@ -14,6 +14,20 @@
 // removed before pgx sees the rest. ParseDSN and NewConnector build the same
 // from code.
 //
+// # pgx, pgxpool and sqlc
+//
+// Code written against pgx uses a Pool instead, with pgxpool.Pool's
+// methods and the same routing:
+//
+//	pool, err := pgryw.NewPool(ctx, "postgres://app@primary/app?replicas=replica1&pool_max_conns=20")
+//	rows, err := pool.Query(ctx, "SELECT …") // pgx.Rows, on a replica that replayed the session's writes
+//
+// Its Query returns pgx.Rows, its Begin a pgx.Tx, and errors are pgx's own;
+// *Pool, *PoolConn and *Tx satisfy sqlc's pgx/v5 DBTX. A pgx.Batch that
+// only reads is one replica read; CopyFrom and any batch that writes run on
+// the primary and move the watermark. ParsePoolConfig also reads pgxpool's
+// pool_* keys; PoolConfig.ConnConfig takes pgx's options.
+//
 // # Routing
 //
 // Each statement is classified by its SQL text (cached): provably read-only
