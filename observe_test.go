@@ -226,9 +226,9 @@ func TestServedByRoutes(t *testing.T) {
 
 // failingDial makes the mock cluster's dials go through f first: f returns
 // an error to fail the dial, or nil to let it through.
-func (mc *fakeCluster) failingDial(f func(n *node) error) {
-	orig := mc.c.dial
-	mc.c.dial = func(ctx context.Context, n *node, why dialFor) (driver.Conn, error) {
+func (fc *fakeCluster) failingDial(f func(n *node) error) {
+	orig := fc.c.dial
+	fc.c.dial = func(ctx context.Context, n *node, why dialFor) (driver.Conn, error) {
 		if err := f(n); err != nil {
 			return nil, err
 		}

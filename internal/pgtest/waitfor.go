@@ -20,9 +20,10 @@ import (
 	"github.com/pgryw/pgryw/internal/lsn"
 )
 
-// PostgreSQL 19's WAIT FOR (https://www.postgresql.org/docs/19/sql-wait.html)
-// is in no package these machines can install, and the project builds no
-// PostgreSQL from source. WaitForProxy stands in front of a real 15+ standby
+// WaitForProxy stands in for PostgreSQL 19's WAIT FOR
+// (https://www.postgresql.org/docs/19/sql-wait.html), which is in no
+// package these machines can install (and the project builds no
+// PostgreSQL from source). It stands in front of a real 15+ standby
 // and answers WAIT FOR LSN itself, by the rules of PostgreSQL 19.0 as it
 // shipped, so that pgryw's PostgreSQL 19 path runs end to end against real
 // replicas:
