@@ -38,7 +38,8 @@ const (
 //
 // The rule: every statement that leaves the primary connection outside a
 // transaction block carries, riding behind it in the same flush, a read of
-// pg_current_wal_insert_lsn(). If the statement may have committed a write
+// pg_current_wal_insert_lsn() (but a write in a run of writes: see
+// captureLater). If the statement may have committed a write
 // (it succeeded, or it failed in a way that may have come after a commit),
 // the position advances the connection's and the pool's watermarks;
 // otherwise it raises the connection's alone, as an upper bound of what the
@@ -107,6 +108,23 @@ func (cn *Conn) await(ctx context.Context, b *backend, inj *wire.Injection) bool
 		return false
 	}
 	return inj.Done()
+}
+
+// captureLater reports whether a possible commit about to be sent on the
+// primary goes without its ride-along capture: when nothing has asked for
+// a watermark (a read, a token) since this connection's last possible
+// commit returned, whose capture therefore went unused, as in a run of
+// writes, a bulk load or a write-only worker. The position is then marked
+// lost once the statement returns, and the first read (or token) that
+// needs it reads one afresh, which covers every write that returned before
+// it was sent: one capture for the run instead of one per write, none at
+// all for writes no read follows. A read that does need it pays a round
+// trip to the primary, and asks for a watermark, so the connection's next
+// write captures again. It is a guess about the next statements, never
+// about correctness: a skipped capture is a lost position, which every
+// read already knows how to cover. capture=always turns it off.
+func (cn *Conn) captureLater() bool {
+	return cn.c.cfg.Capture == CaptureAuto && cn.lastWrite != 0 && cn.lastWrite-1 == cn.c.uses.Load()
 }
 
 // captureNow reads the primary's position after a commit with a round trip of

@@ -108,6 +108,29 @@ var scopeNames = []string{"db", "conn"}
 // String returns the DSN spelling.
 func (s Scope) String() string { return enumName(scopeNames, int(s)) }
 
+// Capture says when a write's position is read on the primary.
+type Capture uint8
+
+const (
+	// CaptureAuto sends a possible commit's capture in the same flush as
+	// the statement, unless nothing has asked for a watermark since the
+	// connection's last possible commit (a run of writes, a write-only
+	// worker): then its position is read by the first read (or token) that
+	// needs it, one round trip to the primary covering the whole run. The
+	// default.
+	CaptureAuto Capture = iota
+	// CaptureAlways sends every possible commit's capture in the same
+	// flush as the statement: no read ever waits for a round trip to the
+	// primary to learn a position, at the cost of one capture per write
+	// (server time on the primary).
+	CaptureAlways
+)
+
+var captureNames = []string{"auto", "always"}
+
+// String returns the DSN spelling.
+func (c Capture) String() string { return enumName(captureNames, int(c)) }
+
 // OnMaxFallback says what a read does when it would go to the primary for
 // lack of a fresh replica (on_timeout=primary) but max_fallback such reads
 // are already running there.
@@ -235,6 +258,10 @@ type Config struct {
 	// SessionScope selects where the watermark lives.
 	// DSN key session_scope: db or conn; default db (ScopeDB).
 	SessionScope Scope
+	// Capture says when a write's position is read: in the same flush as
+	// the write, or, in a run of writes, by the first read that needs it.
+	// DSN key capture: auto or always; default auto (CaptureAuto).
+	Capture Capture
 	// WriteFunctions are function names, optionally schema-qualified and
 	// lower-cased, always treated as writes. DSN key write_functions, a
 	// comma-separated list; default none.

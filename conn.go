@@ -56,6 +56,11 @@ type Conn struct {
 	// statement that may write, so its COMMIT moves the watermark.
 	blockWrote bool
 
+	// lastWrite: the cluster's watermark uses when this connection's last
+	// possible commit on the primary returned, plus one; 0 before its
+	// first (captureLater).
+	lastWrite uint64
+
 	tx *tx // the open transaction of the front end's, if any
 
 	// open: the statement on the primary whose rows are still open.

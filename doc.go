@@ -64,7 +64,11 @@
 // None of this costs a round trip of its own: the position query rides in
 // the same network flush as the write (after its Sync, so after the commit),
 // and a replica's check rides in front of the read (or of a read-only
-// transaction's BEGIN), whose answer is used only if the check passed.
+// transaction's BEGIN), whose answer is used only if the check passed. In
+// a run of writes that nothing reads in between (capture=auto, the
+// default), a connection's writes after the first go without the query,
+// and the first read that needs their position reads it with one round
+// trip of its own, which covers the whole run.
 //
 // A write that may have committed although it returned an error (a
 // multi-statement string that committed and then failed, a broken

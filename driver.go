@@ -369,6 +369,10 @@ type clusterScope struct {
 	fresh    freshState    // tokens' fresh positions (freshPosition)
 	tli      atomic.Uint32 // the current writer's timeline (see sawPrimary); 0 until known
 	genMu    sync.Mutex    // serializes changes of tli
+	// uses counts the reads (and tokens) that asked for a watermark: what
+	// tells a write whether its position is likely to be wanted before the
+	// next write's (Conn.captureLater).
+	uses atomic.Uint64
 
 	key  string
 	refs int // open connectors; under scopes.mu

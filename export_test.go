@@ -70,3 +70,6 @@ func PrimaryAddr(cn *Conn) net.Addr {
 
 // PoolConnPrimaryAddr is PrimaryAddr of a Pool's connection.
 func PoolConnPrimaryAddr(c *PoolConn) net.Addr { return PrimaryAddr(c.cn()) }
+
+// SQLCapture is the capture sent with a round trip of its own.
+const SQLCapture = sqlCapture

@@ -80,7 +80,7 @@ func TestProtocolDeadIdleWriterConnection(t *testing.T) {
 func TestProtocolDeadIdleWriterConnectionInSQLConn(t *testing.T) {
 	for _, readFirst := range []bool{false, true} {
 		t.Run(fmt.Sprintf("read first %v", readFirst), func(t *testing.T) {
-			pc := newProtoCluster(t, "15.4", "")
+			pc := newProtoCluster(t, "15.4", "capture=always")
 			pc.r.replays(protoLSN)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()

@@ -217,6 +217,7 @@ type primaryStmt struct {
 	reset      *wire.Injection // reset_session's reset in front of it, when armed
 	inj        *wire.Injection // the ride-along capture, when armed
 	seen       lostSeen        // lost counts before it was sent
+	later      bool            // a possible commit sent with no capture: its position is read when wanted (captureLater)
 	state      *wire.Injection // the ride-along read-back of session state, when armed
 	readBack   bool            // session state must be read back after it
 }
@@ -257,7 +258,8 @@ func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, 
 	if cn.c.cfg.ReadYourWrites {
 		ws.commits = commits
 		ws.seen = cn.lostSeen(ctx)
-		if w.wire != nil && endsIdle(cls, ws.idleBefore) && !w.peer.TxPooled {
+		ws.later = commits && cn.captureLater()
+		if !ws.later && w.wire != nil && endsIdle(cls, ws.idleBefore) && !w.peer.TxPooled {
 			// (Behind a transaction pooler the statement's ReadyForQuery
 			// may hand its server connection to another client: the
 			// position is read with a round trip of its own, afterPrimary.)
@@ -298,6 +300,9 @@ func (cn *Conn) afterPrimary(ctx context.Context, ws *primaryStmt, err error) {
 	closed := w.closed()
 	inBlock := !closed && !w.idle()
 	wrote := cn.blockEffects(ws, err, inBlock)
+	if wrote {
+		cn.lastWrite = cn.c.uses.Load() + 1
+	}
 	if cn.c.cfg.ReadYourWrites && cn.deferCapture(ctx, ws, err, wrote) {
 		cn.settleReadBack(ctx, ws, err)
 		return
@@ -321,6 +326,11 @@ func (cn *Conn) settled(ctx context.Context, ws *primaryStmt, pos primaryPos, ha
 		cn.advance(ctx, pos, ws.seen)
 	case havePos:
 		cn.raiseConn(pos, ws.seen)
+	case wrote && ws.later:
+		// Sent without a capture (captureLater): the next read that needs
+		// the position reads one, which covers this and every write that
+		// returned before it.
+		cn.markLost(ctx, true)
 	case wrote && !closed && !inBlock && ctx.Err() == nil:
 		// No ride-along (a multi-statement string with transaction
 		// control): read the position with a round trip of its own.

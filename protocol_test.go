@@ -477,7 +477,7 @@ func cat(parts ...[]string) []string { return slices.Concat(parts...) }
 // on the connection); the capture's answer is taken off the wire and the
 // caller gets the INSERT's own result.
 func TestProtocolAutocommitWriteCarriesCapture(t *testing.T) {
-	pc := newProtoCluster(t, "15.4", "")
+	pc := newProtoCluster(t, "15.4", "capture=always")
 	for i, wantCapture := range [][]byte{captureFirst, captureLSNFirst} {
 		res, err := pc.db.Exec(protoInsert, 1)
 		if err != nil {
@@ -546,13 +546,65 @@ func TestProtocolAutocommitWriteCarriesCapture(t *testing.T) {
 	}
 }
 
+// capture=auto: in a run of writes with no read asking for a watermark in
+// between, a write after the first goes without its capture, and the read
+// that follows reads a position with a round trip of its own before it
+// trusts the replica: one capture for the run. The replica's first answer
+// is at the position of the run's first write, which carried its capture,
+// short of the later ones': served then, the read would be stale. The write after that read carries its capture again.
+func TestProtocolWriteRunCapturesOnce(t *testing.T) {
+	t.Parallel()
+	pc := newProtoCluster(t, "15.4", "wait_timeout=2s")
+	pc.w.mu.Lock()
+	pc.w.lsn = protoBehind
+	pc.w.mu.Unlock()
+	warmReplica(t, pc) // a read, then a write that carries its capture
+	pc.w.mu.Lock()
+	pc.w.lsn = protoLSN
+	pc.w.mu.Unlock()
+	if _, err := pc.db.Exec(protoInsert, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pc.db.Exec(protoInsert, 3); err != nil {
+		t.Fatal(err)
+	}
+	fs := flushes(pc.writer, false)
+	var got [][]string
+	for _, f := range fs[len(fs)-2:] {
+		got = append(got, f.msgs)
+	}
+	if want := [][]string{insertExec, insertExec}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("writes in a run: writer flushes\n %q\nwant\n %q", got, want)
+	}
+	pc.r.replays(protoBehind, protoLSN)
+	var v string
+	if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
+		t.Fatalf("read after the run: %q, %v; want the second write's row", v, err)
+	}
+	fs = flushes(pc.writer, false)
+	if last := fs[len(fs)-1].msgs; !reflect.DeepEqual(last, []string{"Query " + pgryw.SQLCapture}) {
+		t.Fatalf("before the read the writer got %q, want the capture alone", last)
+	}
+	if _, err := pc.db.Exec(protoInsert, 4); err != nil {
+		t.Fatal(err)
+	}
+	fs = flushes(pc.writer, false)
+	if last := fs[len(fs)-1].msgs; !reflect.DeepEqual(last, cat(insertExec, capLSN1)) {
+		t.Fatalf("a write after a read: writer flush %q, want it with its capture", last)
+	}
+	// warmReplica's write, the read's and the last write's.
+	if st := pc.c.Stats(); st.Captures != 3 || st.StaleReads != 0 {
+		t.Errorf("stats %+v, want 3 captures", st)
+	}
+}
+
 // Once the first capture has reported pg_current_wal_insert_lsn's OID and
 // a probe of pgryw's own has seen a fast-path FunctionCall of it answered,
 // a write carries one instead of a prepared statement, and the position it
 // answers is the watermark. A node whose fast path fails gets prepared
 // captures for a while, the failed write's position read again at once.
 func TestProtocolFastPathCapture(t *testing.T) {
-	pc := newProtoCluster(t, "19devel", "")
+	pc := newProtoCluster(t, "19devel", "capture=always")
 	pc.w.fastFn = 2852
 	for i := range 3 {
 		switch i {
@@ -818,7 +870,7 @@ func TestProtocolCheckBeforePositionArrives(t *testing.T) {
 		{"19devel", true},
 	} {
 		t.Run(fmt.Sprintf("%s caught up %v", tc.version, tc.caught), func(t *testing.T) {
-			pc := newProtoCluster(t, tc.version, "wait_timeout=2s")
+			pc := newProtoCluster(t, tc.version, "wait_timeout=2s capture=always")
 			warmReplica(t, pc)
 			if tc.caught {
 				pc.r.replays(protoLSN)

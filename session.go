@@ -127,6 +127,7 @@ func (s *Session) TokenContext(ctx context.Context) (string, error) {
 	late, err := s.inflight.settleOthers(ctx, nil)
 	if seen, lost := s.pending(); err == nil && (len(late) > 0 || lost) {
 		if c := s.by.Load(); c != nil {
+			c.uses.Add(1)
 			var gen generation
 			var l lsn.LSN
 			if gen, l, err = c.freshPosition(ctx); err == nil {

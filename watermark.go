@@ -103,6 +103,7 @@ func (cn *Conn) watermarkBut(ctx context.Context, skip *pendingCapture) (lsn.LSN
 	if !cn.c.cfg.ReadYourWrites {
 		return 0, nil
 	}
+	cn.c.uses.Add(1)
 	if cn.poll.b != nil {
 		cn.settlePoll(ctx) // the floor of this connection's last replica read
 	}
