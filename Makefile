@@ -11,7 +11,7 @@ FUZZTIME ?= 200000x
 test: postgres pgbouncer vet
 	@./scripts/pg-version.sh "" "Debian's server: every test, with -race"
 	$(GO) test -race -count=1 ./...
-	$(MAKE) difftest ormcheck pgrywsqlx dockertest redisstore otel prometheus fuzz generate-check readpath allocs
+	$(MAKE) -j2 --output-sync=target difftest ormcheck pgrywsqlx dockertest redisstore otel prometheus fuzz generate-check readpath allocs
 	$(MAKE) test-pg19-emulated test-pg18 test-pgbouncer
 
 # The generated classifier table matches what the server says.
@@ -23,11 +23,12 @@ generate-check: generate
 SERVER_TESTS = -run '^(TestIntegration|TestRoundTrips|TestHistory|TestTransparency)'
 # The randomized checkers in the runs after the first (which runs their
 # defaults, with -race): their faults and grammar are the same on every
-# server, so these runs sample fewer: transparency programs (40 in the
-# first), pgx's front end's (20), and history checker operations (15000).
-SECOND_RUN_PROGRAMS = 15
-SECOND_RUN_PGX_PROGRAMS = 8
-SECOND_RUN_HISTORY_OPS = 6000
+# server, so these runs sample fewer: transparency programs (25 in the
+# first), pgx's front end's (12), and history checker operations (9000).
+# Every run draws new seeds, so the runs add up over CI's history.
+SECOND_RUN_PROGRAMS = 8
+SECOND_RUN_PGX_PROGRAMS = 5
+SECOND_RUN_HISTORY_OPS = 3000
 SECOND_RUN = PGRYW_TRANSPARENCY_PROGRAMS=$(SECOND_RUN_PROGRAMS) PGRYW_TRANSPARENCY_PGX_PROGRAMS=$(SECOND_RUN_PGX_PROGRAMS) PGRYW_HISTORY_OPS=$(SECOND_RUN_HISTORY_OPS)
 
 # PostgreSQL 19 is in no registry these machines reach: its WAIT FOR runs
@@ -81,7 +82,7 @@ POOLER_TESTS = -run '^(TestIntegration(ReadYourWrites|ShortBudgetReadsPrimary|On
 test-pgbouncer: postgres pgbouncer
 	@for m in transaction session; do \
 		echo "== PgBouncer $$(pgbouncer --version | head -1 | cut -d' ' -f2), $$m mode: integration subset, history checker, ORM check"; \
-		PGRYW_PGBOUNCER=$$m PGRYW_HISTORY_OPS=8000 $(GO) test -count=1 $(POOLER_TESTS) . || exit 1; \
+		PGRYW_PGBOUNCER=$$m PGRYW_HISTORY_OPS=5000 $(GO) test -count=1 $(POOLER_TESTS) . || exit 1; \
 		(cd internal/ormcheck && PGRYW_PGBOUNCER=$$m $(GO) test -count=1 ./...) || exit 1; \
 	done
 	@echo "== PgBouncer, session mode, one client per server connection: transparency checker"

@@ -56,7 +56,7 @@ const (
 	// commit was seen still invisible to reads on the primary 54 ms after
 	// it (seed 6827965806948319), so the margin is well past that.
 	histMargin     = 250 * time.Millisecond
-	histDefaultOps = 15000
+	histDefaultOps = 9000
 	histOpTimeout  = 30 * time.Second // an op taking longer is reported as hung
 	histMaxReports = 12               // violations printed per property
 	histSideCols   = 1000             // ADD COLUMN up to this many, then ALTER COLUMN TYPE

@@ -228,7 +228,7 @@ func insertThenRead(t *testing.T, db *sql.DB, table string, workers, iterations 
 
 const (
 	workers    = 8
-	iterations = 200
+	iterations = 100
 	// maxLuckyShare bounds the reads a replica 100ms behind may serve under
 	// a 10ms budget. It is not zero: a worker descheduled for 100ms between
 	// its insert and its read (2 cores, 8 workers, 3 servers) finds the
