@@ -38,8 +38,9 @@ const (
 //
 // The rule: every statement that leaves the primary connection outside a
 // transaction block carries, riding behind it in the same flush, a read of
-// pg_current_wal_insert_lsn() (but a write in a run of writes: see
-// captureLater). If the statement may have committed a write
+// pg_current_wal_insert_lsn() (but a write that goes without, by
+// capture=auto or on_read: see captureLater; behind a transaction pooler
+// the read comes as a round trip of its own). If the statement may have committed a write
 // (it succeeded, or it failed in a way that may have come after a commit),
 // the position advances the connection's and the pool's watermarks;
 // otherwise it raises the connection's alone, as an upper bound of what the
@@ -118,13 +119,62 @@ func (cn *Conn) await(ctx context.Context, b *backend, inj *wire.Injection) bool
 // lost once the statement returns, and the first read (or token) that
 // needs it reads one afresh, which covers every write that returned before
 // it was sent: one capture for the run instead of one per write, none at
-// all for writes no read follows. A read that does need it pays a round
-// trip to the primary, and asks for a watermark, so the connection's next
-// write captures again. It is a guess about the next statements, never
+// all for writes no read follows. A read that needs it sends one
+// (captureOwed on the writing connection, overlapping the replica's poll
+// before PostgreSQL 19; elsewhere, and for WAIT FOR, a round trip to the
+// primary before the read), and asks for a watermark, so the connection's
+// next write captures again. It is a guess about the next statements, never
 // about correctness: a skipped capture is a lost position, which every
-// read already knows how to cover. capture=always turns it off.
+// read already knows how to cover. capture=always turns it off;
+// capture=on_read makes every write go without.
 func (cn *Conn) captureLater() bool {
-	return cn.c.cfg.Capture == CaptureAuto && cn.lastWrite != 0 && cn.lastWrite-1 == cn.c.uses.Load()
+	switch cn.c.cfg.Capture {
+	case CaptureAlways:
+		return false
+	case CaptureOnRead:
+		return true
+	}
+	return cn.lastWrite != 0 && cn.lastWrite-1 == cn.c.uses.Load()
+}
+
+// captureOwed sends, on its own, the capture this connection's last write
+// went without (captureLater), as a replica read that needs it starts. It
+// is then the connection's pending capture (deferred.go): where the check
+// is a replay poll (before PostgreSQL 19) it goes to the replica while the
+// capture is on its way to the primary (speculate), so the read pays the
+// longer of two round trips, not both; WAIT FOR needs the position first.
+// Where it cannot be sent so (another capture pending, the primary
+// connection busy, behind a transaction pooler, a Session whose
+// generation is still to be read), the read captures first, as for any
+// lost position.
+func (cn *Conn) captureOwed(ctx context.Context) {
+	if !cn.owed {
+		return
+	}
+	cn.owed = false
+	if _, lost := cn.sess.pending(); !lost {
+		return // covered meanwhile (captureNow, a capture of its own)
+	}
+	w := cn.primary
+	if cn.checkDue && w.gone() {
+		return // ended while idle: checkPrimary replaces it, and the read captures
+	}
+	if cn.pending != nil || w.wire == nil || w.closed() || !w.idle() || w.peer.TxPooled || cn.open.ctx != nil || w.pg.IsBusy() {
+		return
+	}
+	cs := SessionFrom(ctx)
+	if cs != nil && cn.c.sysID.Load() == 0 && !cn.c.sysTried.Load() {
+		return
+	}
+	seen := cn.lostSeen(ctx)
+	inj := w.injectCapture(&w.post)
+	if err := w.wire.Send(inj); err != nil {
+		if inj.Sent() {
+			w.close() // a write error: the read captures elsewhere or fails
+		}
+		return
+	}
+	cn.pending = cn.c.registerPending(&pendingCapture{cn: cn, b: w, inj: inj, wrote: true, seen: seen}, cs)
 }
 
 // captureNow reads the primary's position after a commit with a round trip of

@@ -116,17 +116,22 @@ const (
 	// the statement, unless nothing has asked for a watermark since the
 	// connection's last possible commit (a run of writes, a write-only
 	// worker): then its position is read by the first read (or token) that
-	// needs it, one round trip to the primary covering the whole run. The
-	// default.
+	// needs it, one capture covering the whole run. The default.
 	CaptureAuto Capture = iota
 	// CaptureAlways sends every possible commit's capture in the same
 	// flush as the statement: no read ever waits for a round trip to the
 	// primary to learn a position, at the cost of one capture per write
 	// (server time on the primary).
 	CaptureAlways
+	// CaptureOnRead sends no capture with a write: every write's position
+	// is read by the first read (or token) that needs it, with a round
+	// trip to the primary before it (on the writing connection, before
+	// PostgreSQL 19, one that overlaps the replica's poll; a Session's
+	// token, on a connection of its own). The least work for the primary.
+	CaptureOnRead
 )
 
-var captureNames = []string{"auto", "always"}
+var captureNames = []string{"auto", "always", "on_read"}
 
 // String returns the DSN spelling.
 func (c Capture) String() string { return enumName(captureNames, int(c)) }
@@ -260,7 +265,8 @@ type Config struct {
 	SessionScope Scope
 	// Capture says when a write's position is read: in the same flush as
 	// the write, or, in a run of writes, by the first read that needs it.
-	// DSN key capture: auto or always; default auto (CaptureAuto).
+	// DSN key capture: auto, always or on_read; default auto
+	// (CaptureAuto).
 	Capture Capture
 	// WriteFunctions are function names, optionally schema-qualified and
 	// lower-cased, always treated as writes. DSN key write_functions, a

@@ -60,6 +60,9 @@ type Conn struct {
 	// possible commit on the primary returned, plus one; 0 before its
 	// first (captureLater).
 	lastWrite uint64
+	// owed: this connection's last possible commit went without its
+	// capture, and none has been sent since (captureOwed).
+	owed bool
 
 	tx *tx // the open transaction of the front end's, if any
 

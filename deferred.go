@@ -34,7 +34,8 @@ import (
 // answer of pgryw's rides behind it; everything else settles at once.
 
 // pendingCapture is a capture whose answer had not arrived when its
-// statement returned.
+// statement returned, or one sent on its own ahead of a read
+// (Conn.captureOwed).
 type pendingCapture struct {
 	mu      sync.Mutex
 	cn      *Conn
@@ -178,19 +179,27 @@ func (cn *Conn) deferCapture(ctx context.Context, ws *primaryStmt, err error, wr
 	}
 	w.wire.Disarm()
 	p := &pendingCapture{cn: cn, b: w, inj: inj, wrote: wrote, seen: ws.seen}
-	if wrote {
-		p.cs = cs
-		if cn.c.cfg.SessionScope == ScopeDB {
-			p.db = true
-			cn.c.inflight.add(p)
-		}
-		if cs != nil {
-			cs.by.Store(cn.c)
-			cs.inflight.add(p)
-		}
-	}
-	cn.pending = p
+	cn.pending = cn.c.registerPending(p, cs)
 	return true
+}
+
+// registerPending makes p, a possible commit's capture (p.wrote), one that
+// reads of the pool's watermark (session_scope=db) and of the Session cs
+// (nil: none) settle before they trust their own.
+func (c *Connector) registerPending(p *pendingCapture, cs *Session) *pendingCapture {
+	if !p.wrote {
+		return p
+	}
+	p.cs = cs
+	if c.cfg.SessionScope == ScopeDB {
+		p.db = true
+		c.inflight.add(p)
+	}
+	if cs != nil {
+		cs.by.Store(c)
+		cs.inflight.add(p)
+	}
+	return p
 }
 
 // mayDefer reports whether the statement's capture is the only thing still
@@ -380,4 +389,27 @@ func (cn *Conn) closePending() {
 		cn.pending.abandon()
 		cn.pending = nil
 	}
+}
+
+// coverage is what losses a capture still on its way will cover once it
+// arrives: those up to seen of its connection (wrote: a possible
+// commit's), of the pool's watermark (db) and of Session cs.
+type coverage struct {
+	wrote, db bool
+	cs        *Session
+	seen      lostSeen
+}
+
+// covering returns p's coverage (none for a nil p), read under its lock:
+// a reader elsewhere may retire p meanwhile.
+func (p *pendingCapture) covering() coverage {
+	if p == nil {
+		return coverage{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.wrote {
+		return coverage{}
+	}
+	return coverage{wrote: true, db: p.db, cs: p.cs, seen: p.seen}
 }

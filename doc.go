@@ -61,14 +61,16 @@
 // reads waiting on one replica, and max_replica_lag passes over replicas
 // not known to be within a bound of the primary, for every read.
 //
-// None of this costs a round trip of its own: the position query rides in
-// the same network flush as the write (after its Sync, so after the commit),
-// and a replica's check rides in front of the read (or of a read-only
-// transaction's BEGIN), whose answer is used only if the check passed. In
+// Mostly, none of this costs a round trip of its own: the position query
+// rides in the same network flush as the write (after its Sync, so after
+// the commit), and a replica's check rides in front of the read (or of a
+// read-only transaction's BEGIN), whose answer is used only if the check
+// passed. In
 // a run of writes that nothing reads in between (capture=auto, the
 // default), a connection's writes after the first go without the query,
-// and the first read that needs their position reads it with one round
-// trip of its own, which covers the whole run.
+// and the first read that needs their position reads it, one capture for
+// the whole run: a round trip to the primary, which on the writing
+// connection, before PostgreSQL 19, overlaps the replica's poll.
 //
 // A write that may have committed although it returned an error (a
 // multi-statement string that committed and then failed, a broken

@@ -54,7 +54,7 @@ var dsnOptions = []dsnOption{
 	enumOption("session_scope", scopeNames, ScopeDB, func(c *Config) *Scope { return &c.SessionScope },
 		"`conn`: the watermark lives in each connection (`*sql.Conn`, `*sql.Tx`). `db`: additionally one watermark shared by the whole pool, so `db.Exec` followed by `db.Query` is covered even when the pool hands out different connections."),
 	enumOption("capture", captureNames, CaptureAuto, func(c *Config) *Capture { return &c.Capture },
-		"When a write's position is read on the primary. `auto`: in the same flush as the write (no extra round trip), except in a run of writes with no read (nor token) asking for a watermark in between: there the position is read by the first read that needs it, one round trip covering the whole run. `always`: with every write, one capture each."),
+		"When a write's position is read on the primary. `auto`: in the same flush as the write (no extra round trip), except in a run of writes with no read (nor token) asking for a watermark in between: there the position is read by the first read that needs it, one round trip covering the whole run. `always`: with every write, one capture each. `on_read`: never with a write; every position is read by the first read (or token) that needs it, a round trip to the primary before it (on the writing connection, before PostgreSQL 19, overlapping the replica's poll; for a `Session`'s token, on a connection of its own): the least work for the primary."),
 	funcListOption("write_functions", func(c *Config) *[]string { return &c.WriteFunctions },
 		"Treat these functions as writes whatever the catalog says: a name matches calls of it in any schema, qualified or not."),
 	funcListOption("read_functions", func(c *Config) *[]string { return &c.ReadFunctions },

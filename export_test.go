@@ -73,3 +73,16 @@ func PoolConnPrimaryAddr(c *PoolConn) net.Addr { return PrimaryAddr(c.cn()) }
 
 // SQLCapture is the capture sent with a round trip of its own.
 const SQLCapture = sqlCapture
+
+// SetNoChain marks cn's replica connections behind a transaction pooler
+// as taking no chained check (as after a simple-protocol read), and
+// returns how many it marked.
+func SetNoChain(cn *Conn) (n int) {
+	for _, b := range cn.replicas {
+		if b != nil && b.peer.TxPooled {
+			b.noChain = true
+			n++
+		}
+	}
+	return n
+}

@@ -269,6 +269,7 @@ func (cn *Conn) beforePrimaryCommits(ctx context.Context, cls *sqlclass.Result, 
 			}
 			ws.inj = w.injectCapture(slot)
 			w.wire.AppendAfterExec(ws.inj)
+			cn.owed = false // this capture covers the write that went without
 		}
 	}
 	ws.state, ws.readBack = cn.armReadBack(cls, ws.idleBefore)
@@ -329,8 +330,10 @@ func (cn *Conn) settled(ctx context.Context, ws *primaryStmt, pos primaryPos, ha
 	case wrote && ws.later:
 		// Sent without a capture (captureLater): the next read that needs
 		// the position reads one, which covers this and every write that
-		// returned before it.
+		// returned before it; this connection's own sends it ahead of its
+		// check (captureOwed).
 		cn.markLost(ctx, true)
+		cn.owed = !closed && !inBlock
 	case wrote && !closed && !inBlock && ctx.Err() == nil:
 		// No ride-along (a multi-statement string with transaction
 		// control): read the position with a round trip of its own.

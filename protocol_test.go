@@ -129,6 +129,15 @@ func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 	}
 	if w.holdCapture && (executes(c, b, protoCapture) || executes(c, b, protoCaptureLSN) || callsFunction(b)) {
 		out := w.answer(c, b)
+		if n := rfqs(out); n == 1 {
+			// A capture sent on its own: held back whole.
+			release := w.release
+			go func() {
+				<-release
+				c.Send(out...)
+			}()
+			return nil
+		}
 		for i, m := range out {
 			if _, ok := m.(*pgproto3.ReadyForQuery); ok && i < len(out)-1 {
 				rest, release := out[i+1:], w.release
@@ -142,6 +151,17 @@ func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 		return out
 	}
 	return w.answer(c, b)
+}
+
+// rfqs counts the ReadyForQuery messages in out.
+func rfqs(out []pgproto3.BackendMessage) int {
+	n := 0
+	for _, m := range out {
+		if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+			n++
+		}
+	}
+	return n
 }
 
 func (w *protoWriter) answer(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
@@ -548,8 +568,8 @@ func TestProtocolAutocommitWriteCarriesCapture(t *testing.T) {
 
 // capture=auto: in a run of writes with no read asking for a watermark in
 // between, a write after the first goes without its capture, and the read
-// that follows reads a position with a round trip of its own before it
-// trusts the replica: one capture for the run. The replica's first answer
+// that follows sends one on its own before it trusts the replica: one
+// capture for the run. The replica's first answer
 // is at the position of the run's first write, which carried its capture,
 // short of the later ones': served then, the read would be stale. The write after that read carries its capture again.
 func TestProtocolWriteRunCapturesOnce(t *testing.T) {
@@ -582,19 +602,72 @@ func TestProtocolWriteRunCapturesOnce(t *testing.T) {
 		t.Fatalf("read after the run: %q, %v; want the second write's row", v, err)
 	}
 	fs = flushes(pc.writer, false)
-	if last := fs[len(fs)-1].msgs; !reflect.DeepEqual(last, []string{"Query " + pgryw.SQLCapture}) {
+	if last := fs[len(fs)-1].msgs; !reflect.DeepEqual(last, capLSN1) {
 		t.Fatalf("before the read the writer got %q, want the capture alone", last)
 	}
 	if _, err := pc.db.Exec(protoInsert, 4); err != nil {
 		t.Fatal(err)
 	}
 	fs = flushes(pc.writer, false)
-	if last := fs[len(fs)-1].msgs; !reflect.DeepEqual(last, cat(insertExec, capLSN1)) {
+	if last := fs[len(fs)-1].msgs; !reflect.DeepEqual(last, cat(insertExec, []string{"Bind pgryw_lsn", "Execute", "Sync"})) {
 		t.Fatalf("a write after a read: writer flush %q, want it with its capture", last)
 	}
 	// warmReplica's write, the read's and the last write's.
 	if st := pc.c.Stats(); st.Captures != 3 || st.StaleReads != 0 {
 		t.Errorf("stats %+v, want 3 captures", st)
+	}
+}
+
+// capture=on_read: no write carries a capture, not even a connection's
+// first or one after a read. The read after a write sends one on its own
+// as it starts, and its check to the replica while the capture's answer
+// is on its way; it waits for the position (the replica's first answer is
+// short of it).
+func TestProtocolCaptureOnRead(t *testing.T) {
+	t.Parallel()
+	pc := newProtoCluster(t, "15.4", "wait_timeout=2s capture=on_read")
+	write := func(what string) {
+		t.Helper()
+		if _, err := pc.db.Exec(protoInsert, 1); err != nil {
+			t.Fatal(err)
+		}
+		fs := flushes(pc.writer, false)
+		if last := fs[len(fs)-1].msgs; !reflect.DeepEqual(last, insertExec) {
+			t.Fatalf("%s: writer flush %q, want the INSERT alone", what, last)
+		}
+	}
+	write("the first write")
+	pc.r.replays(protoBehind, protoLSN)
+	pc.w.mu.Lock()
+	pc.w.holdCapture, pc.w.release = true, make(chan struct{})
+	pc.w.mu.Unlock()
+	before := len(flushes(pc.replica, false))
+	got := make(chan error, 1)
+	var v string
+	go func() { got <- pc.db.QueryRow(protoRead, 7).Scan(&v) }()
+	// The capture goes to the writer on its own, and the check to the
+	// replica while its answer is held back.
+	for dl := time.Now().Add(2 * time.Second); len(flushes(pc.replica, false)) == before; time.Sleep(time.Millisecond) {
+		if time.Now().After(dl) {
+			t.Fatal("no check reached the replica while the capture was on its way")
+		}
+	}
+	fs := flushes(pc.writer, false)
+	if last := fs[len(fs)-1].msgs; !reflect.DeepEqual(last, capFirst) {
+		t.Fatalf("before the read the writer got %q, want the capture alone", last)
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("the read returned %q, %v before the position arrived", v, err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(pc.w.release)
+	if err := <-got; err != nil || v != "new" {
+		t.Fatalf("read after the write: %q, %v; want the write's row", v, err)
+	}
+	write("a write after a read")
+	if st := pc.c.Stats(); st.Captures != 1 || st.StaleReads != 0 {
+		t.Errorf("stats %+v, want 1 capture, the read's", st)
 	}
 }
 

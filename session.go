@@ -123,11 +123,13 @@ const tokenTimeout = 5 * time.Second
 // reached) and the token returned, the last position known, may not cover
 // it.
 func (s *Session) TokenContext(ctx context.Context) (string, error) {
+	if c := s.by.Load(); c != nil {
+		c.uses.Add(1) // the Session's next write keeps its capture (captureLater)
+	}
 	// Writes that returned before their positions arrived (deferred.go).
 	late, err := s.inflight.settleOthers(ctx, nil)
 	if seen, lost := s.pending(); err == nil && (len(late) > 0 || lost) {
 		if c := s.by.Load(); c != nil {
-			c.uses.Add(1)
 			var gen generation
 			var l lsn.LSN
 			if gen, l, err = c.freshPosition(ctx); err == nil {

@@ -43,10 +43,18 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 	// is not checked on the replica at all.
 	// (pgx sends a transaction's BEGIN as a simple Query, always.)
 	if w.pooled && (a.b.noChain || w.method == WaitPolar || a.op.begins()) {
+		// The read moves on: not with a watermark still partial.
+		if err := w.whole(ctx, wm); err != nil {
+			return waitTimeout, err
+		}
 		return waitUnchecked, nil
 	}
 	first := 0
 	if w.farBehind(*wm) {
+		// Only checkRead's first try may go with the watermark partial.
+		if err := w.whole(ctx, wm); err != nil {
+			return waitTimeout, err
+		}
 		// The lag history says the replica is not there yet, by more than
 		// a read would take: a read sent now would be wasted. Wait first.
 		// Without a max_waits place or a budget left, the read still gets
@@ -119,6 +127,23 @@ func (cn *Conn) startWait(ctx context.Context, b *backend, partial bool) waiting
 	return w
 }
 
+// whole makes *wm the whole watermark where it was partial (the
+// connection's own capture was on its way when the read began): it settles
+// that capture first. Anything that trusts *wm beyond the check riding
+// with the read's first try needs it whole.
+func (w *waiting) whole(ctx context.Context, wm *lsn.LSN) error {
+	if !w.partial {
+		return nil
+	}
+	w.partial = false
+	l, err := w.cn.watermark(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errPositionLost, err)
+	}
+	*wm = l
+	return nil
+}
+
 // leave gives back the max_waits place, if held.
 func (w *waiting) leave() {
 	if w.held {
@@ -136,13 +161,8 @@ func (w *waiting) checkRead(ctx context.Context, a *attempt, wm *lsn.LSN) (waitR
 	if a.op.lazy() && inj.Sent() {
 		w.cn.await(ctx, b, inj) // a batch's results are read by the caller, later
 	}
-	if w.partial {
-		w.partial = false
-		l, err := w.cn.watermark(ctx) // settles the capture first
-		if err != nil {
-			return waitTimeout, fmt.Errorf("%w: %w", errPositionLost, err)
-		}
-		*wm = l
+	if err := w.whole(ctx, wm); err != nil {
+		return waitTimeout, err
 	}
 	if w.pooled && !inj.Sent() {
 		// A read in the simple protocol: the connection's reads are

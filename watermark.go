@@ -69,6 +69,7 @@ func (cn *Conn) advanceFor(cs *Session, p primaryPos, seen lostSeen) bool {
 	if cs != nil {
 		cs.advanceAt(cn.c.genAt(context.Background(), cn.primary, p.tli), p.lsn)
 		cs.cover(seen.ctx)
+		cs.by.Store(cn.c)
 	}
 	return true
 }
@@ -166,15 +167,18 @@ func (cn *Conn) collect(ctx context.Context, skip *pendingCapture, w *wmSources)
 		}
 		w.late, w.csLost = append(w.late, l...), len(l) > 0
 	}
-	_, w.connLost = cn.sess.pending()
+	// Losses that skip, a possible commit's capture sent after them, will
+	// cover once it arrives are not lost to this read: it waits for skip.
+	cov := skip.covering()
+	w.connLost = cn.sess.lostBeyond(cov.wrote, cov.seen.conn)
 	if w.db && !w.dbLost {
-		_, w.dbLost = cn.c.db.pending()
+		w.dbLost = cn.c.db.lostBeyond(cov.db, cov.seen.db)
 	}
 	if w.cs == nil {
 		return nil
 	}
 	if !w.csLost {
-		_, w.csLost = w.cs.pending()
+		w.csLost = w.cs.lostBeyond(cov.cs != nil && cov.cs == w.cs, cov.seen.ctx)
 	}
 	if w.csGen, w.csPos = w.cs.position(); w.csPos == 0 {
 		return nil
@@ -361,6 +365,14 @@ func (s *Session) markLost() { s.lost.Add(1) }
 func (s *Session) pending() (uint64, bool) {
 	l := s.lost.Load()
 	return l, l > s.covered.Load()
+}
+
+// lostBeyond reports whether a loss is still uncovered, not counting those
+// up to seen when covering (a capture sent when lost was at seen is on its
+// way).
+func (s *Session) lostBeyond(covering bool, seen uint64) bool {
+	l, lost := s.pending()
+	return lost && !(covering && l <= seen)
 }
 
 // cover records that a capture sent when lost was at seen has been applied

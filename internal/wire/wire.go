@@ -265,6 +265,30 @@ func (c *Conn) AppendAfterExec(in *Injection) {
 	c.mu.Unlock()
 }
 
+// Send sends in on its own, at once, on a connection pgx is not using: pgx
+// has read every answer it waited for and writes nothing until Send
+// returns. in's answer is then taken off the wire as a ride-along's is, by
+// pgx's next read or by Await. Behind a transaction pooler it is not sent
+// (Refused reports it): a segment of its own may reach another server
+// connection. A write error is returned as is; the connection is then
+// unusable.
+func (c *Conn) Send(in *Injection) error {
+	in.mu = &c.mu
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.Peer.TxPooled {
+		in.refused = true
+		return errSendPooled
+	}
+	c.wbuf = in.appendTo(c.wbuf[:0])
+	in.sent = true
+	c.queue = append(c.queue, segment{strip: true, inj: in})
+	_, err := c.Conn.Write(c.wbuf)
+	return err
+}
+
+var errSendPooled = errors.New("wire: nothing of pgryw's goes on its own behind a transaction pooler")
+
 // Disarm drops injections that were armed but not sent (pgx failed before
 // writing, or wrote nothing that executes).
 func (c *Conn) Disarm() {

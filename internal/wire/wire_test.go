@@ -860,3 +860,45 @@ func TestRecord(t *testing.T) {
 		t.Fatal("a FunctionCall is not unknown")
 	}
 }
+
+// Send puts an injection on the wire on its own; its answer is taken off
+// by Await (or, in the second round, by pgx's next read), and pgx reads
+// only its own. Behind a transaction pooler nothing is sent.
+func TestSend(t *testing.T) {
+	ours := enc(t, &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("l")}}},
+		&pgproto3.DataRow{Values: [][]byte{[]byte("0/3000100")}}, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	pgxs := enc(t, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 0")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	for seed := int64(1); seed <= 20; seed++ {
+		for _, await := range []bool{true, false} {
+			under := &chunked{data: append(append([]byte{}, ours...), pgxs...), rng: rand.New(rand.NewSource(seed))}
+			c := Wrap(under)
+			in := &Injection{SQL: "SELECT pg_current_wal_insert_lsn()"}
+			if err := c.Send(in); err != nil {
+				t.Fatal(err)
+			}
+			if !in.Sent() || !bytes.Equal(under.written.Bytes(), encF(t, &pgproto3.Query{String: in.SQL})) {
+				t.Fatalf("seed %d: sent %v, wrote %q", seed, in.Sent(), under.written.Bytes())
+			}
+			if await {
+				if err := c.Await(t.Context(), in); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.Write(encF(t, &pgproto3.Query{String: "SELECT"}))
+			got := make([]byte, len(pgxs))
+			if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, pgxs) {
+				t.Fatalf("seed %d: pgx read %q, %v", seed, got, err)
+			}
+			if row, _ := in.Row(); !in.Done() || len(row) != 1 || row[0] != "0/3000100" {
+				t.Fatalf("seed %d: the injection's answer %q, done %v", seed, row, in.Done())
+			}
+		}
+	}
+	c := Wrap(&chunked{})
+	c.SetTxPooled()
+	in := &Injection{SQL: "SELECT 1"}
+	if err := c.Send(in); err == nil || in.Sent() || !in.Refused() {
+		t.Fatalf("behind a transaction pooler: Send = %v, sent %v, refused %v", err, in.Sent(), in.Refused())
+	}
+}
