@@ -256,13 +256,13 @@ func TestIntegrationPoolerChurn(t *testing.T) {
 						t.Fatal(err)
 					}
 					defer pdb.Close()
-					base := churn(t, pdb, table, 12, 200, "pgx-"+em)
+					base := churn(t, pdb, table, 12, 100, "pgx-"+em)
 					t.Logf("pgx through the writer's bouncer: %s", base)
 					base.clean(t)
 
 					m := bs.mark()
 					db, c := openDSN(t, bs.pgrywDSN("default_query_exec_mode="+em))
-					res := churn(t, db, table, 12, 400, "pgryw-"+em)
+					res := churn(t, db, table, 12, 200, "pgryw-"+em)
 					st := c.Stats()
 					t.Logf("pgryw: %s; stats %+v", res, st)
 					res.clean(t)

@@ -126,7 +126,7 @@ func TestIntegrationSessionTokenAcrossProcesses(t *testing.T) {
 	dsn := cluster.WriterDSN() + "&session_scope=conn&replicas=" + strings.Join(cluster.ReplicaAddrs(), ",")
 	db, _ := openDB(t, "session_scope=conn&wait_timeout=2s")
 	ctx := context.Background()
-	for i := 1; i <= 10; i++ {
+	for i := 1; i <= 4; i++ {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcessWrite$", "-test.count=1")
 		cmd.Env = append(os.Environ(), childDSNEnv+"="+dsn, "PGRYW_TEST_CHILD_TABLE="+table, "PGRYW_TEST_CHILD_ID="+strconv.Itoa(i))
 		out, err := cmd.Output()

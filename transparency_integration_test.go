@@ -56,7 +56,7 @@ var transparencySeed = flag.Int64("tseed", 0, "TestTransparency: seed (0: $PGRYW
 
 const (
 	tpSessions     = 3
-	tpDefaultProgs = 25
+	tpDefaultProgs = 20
 	tpSteps        = 36
 	tpStepTimeout  = 5 * time.Second
 	tpLiveness     = 100 * time.Millisecond

@@ -24,7 +24,7 @@ import (
 	"github.com/pgryw/pgryw"
 )
 
-const tpPgxDefaultProgs = 12
+const tpPgxDefaultProgs = 10
 
 func TestTransparencyPgx(t *testing.T) {
 	tpCheck(t, true, "PGRYW_TRANSPARENCY_PGX_PROGRAMS", tpPgxDefaultProgs)
