@@ -407,7 +407,68 @@ func (c *Cluster) SetApplyDelay(ctx context.Context, i int, d time.Duration) err
 			return err
 		}
 	}
+	if ms >= minHeldBack {
+		return c.heldBack(ctx, idx, ms)
+	}
 	return nil
+}
+
+// minHeldBack is the shortest apply delay, in ms, that SetApplyDelay makes
+// sure the standbys' startup processes apply (heldBack).
+const minHeldBack = 20
+
+// heldBack returns once a write committed now is held back by every
+// standby in idx for half of ms: a backend's view of the reloaded setting
+// says nothing of the startup process, which may still replay at the old
+// delay for a while (seen as a read right after a write, in a test that
+// had just set the delay, finding its row on the replica). It commits
+// probe rows (into pgtest_delay_probe, the harness's own table) until one
+// is held back. (A commit that wrote nothing, SELECT txid_current(), was
+// never held back on PostgreSQL 15 here: a probe must write.)
+func (c *Cluster) heldBack(ctx context.Context, idx []int, ms int64) error {
+	w, err := connect(ctx, c.Writer)
+	if err != nil {
+		return err
+	}
+	defer w.Close(context.Background())
+	if _, err := w.Exec(ctx, "CREATE TABLE IF NOT EXISTS pgtest_delay_probe (at timestamptz)"); err != nil {
+		return err
+	}
+	reps := make([]*pgx.Conn, 0, len(idx))
+	defer func() {
+		for _, r := range reps {
+			r.Close(context.Background())
+		}
+	}()
+	for _, j := range idx {
+		r, err := connect(ctx, c.Replicas[j])
+		if err != nil {
+			return err
+		}
+		reps = append(reps, r)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return poll(ctx, func() (bool, error) {
+		if _, err := w.Exec(ctx, "INSERT INTO pgtest_delay_probe VALUES (now())"); err != nil {
+			return false, err
+		}
+		var at string
+		if err := w.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&at); err != nil {
+			return false, err
+		}
+		time.Sleep(time.Duration(ms/2) * time.Millisecond)
+		for _, r := range reps {
+			var behind bool
+			if err := r.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn() < $1::pg_lsn", at).Scan(&behind); err != nil {
+				return false, err
+			}
+			if !behind {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 }
 
 func (c *Cluster) setApplyDelay(ctx context.Context, i int, ms int64) error {
