@@ -138,7 +138,8 @@ func (cn *Conn) captureLater() bool {
 }
 
 // captureOwed sends, on its own, the capture this connection's last write
-// went without (captureLater), as a replica read that needs it starts. It
+// went without (captureLater; cn.owed, which the caller checks, so that a
+// steady read runs nothing here), as a replica read that needs it starts. It
 // is then the connection's pending capture (deferred.go): where the check
 // is a replay poll (before PostgreSQL 19) it goes to the replica while the
 // capture is on its way to the primary (speculate), so the read pays the
@@ -148,9 +149,6 @@ func (cn *Conn) captureLater() bool {
 // generation is still to be read), the read captures first, as for any
 // lost position.
 func (cn *Conn) captureOwed(ctx context.Context) {
-	if !cn.owed {
-		return
-	}
 	cn.owed = false
 	if _, lost := cn.sess.pending(); !lost {
 		return // covered meanwhile (captureNow, a capture of its own)

@@ -40,7 +40,7 @@ func TestProtocolPartialWatermarkStaysPartialNowhere(t *testing.T) {
 			}
 			defer conn.Close()
 			var marked int
-			for range 40 { // until both replicas are connected
+			for dl := time.Now().Add(3 * time.Second); time.Now().Before(dl); time.Sleep(5 * time.Millisecond) { // until both replicas are connected
 				var v string
 				if err := conn.QueryRowContext(ctx, protoRead, 7).Scan(&v); err != nil {
 					t.Fatal(err)

@@ -400,12 +400,9 @@ type coverage struct {
 	seen      lostSeen
 }
 
-// covering returns p's coverage (none for a nil p), read under its lock:
-// a reader elsewhere may retire p meanwhile.
+// covering returns p's coverage, read under its lock: a reader elsewhere
+// may retire p meanwhile.
 func (p *pendingCapture) covering() coverage {
-	if p == nil {
-		return coverage{}
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.wrote {

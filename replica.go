@@ -134,7 +134,9 @@ func (cn *Conn) onReplica(ctx context.Context, query string, cls *sqlclass.Resul
 	// the time the read's answer has, is compared with the poll's answer
 	// then (pipelined). Not with on_timeout=stale, whose choice of replica
 	// needs the whole watermark.
-	cn.captureOwed(ctx)
+	if cn.owed {
+		cn.captureOwed(ctx)
+	}
 	r.spec = cn.speculate()
 	if r.wm, err = cn.watermarkBut(ctx, r.spec); err != nil {
 		return r.positionLost()

@@ -169,7 +169,10 @@ func (cn *Conn) collect(ctx context.Context, skip *pendingCapture, w *wmSources)
 	}
 	// Losses that skip, a possible commit's capture sent after them, will
 	// cover once it arrives are not lost to this read: it waits for skip.
-	cov := skip.covering()
+	var cov coverage
+	if skip != nil {
+		cov = skip.covering()
+	}
 	w.connLost = cn.sess.lostBeyond(cov.wrote, cov.seen.conn)
 	if w.db && !w.dbLost {
 		w.dbLost = cn.c.db.lostBeyond(cov.db, cov.seen.db)
