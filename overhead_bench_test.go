@@ -147,3 +147,61 @@ func pointQueryBy(b *testing.B, clock func() time.Duration) func(*sql.DB) time.D
 		return clock() - start
 	}
 }
+
+// BenchmarkWriteRunThenRead runs a run of three inserts and then, at once,
+// a read of the last row (which waits on the replica for it), through two
+// pgryw pools that differ only in capture=always and capture=auto (the
+// default: the run's second and third inserts go without their captures,
+// and the read sends one ahead of its check), alternating in one loop. It
+// reports each pool's p50 for the read and for the whole iteration, and
+// auto's as a ratio of always's.
+func BenchmarkWriteRunThenRead(b *testing.B) {
+	pgtest.Require(b, cluster)
+	dsn := cluster.WriterDSN() + "&replicas=" + strings.Join(cluster.ReplicaAddrs(), ",")
+	always, err := sql.Open("pgryw", dsn+"&capture=always")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer always.Close()
+	auto, err := sql.Open("pgryw", dsn+"&capture=auto")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer auto.Close()
+	if _, err := always.Exec("CREATE TABLE IF NOT EXISTS bench_run (id bigserial PRIMARY KEY, v int)"); err != nil {
+		b.Fatal(err)
+	}
+	var reads [2][]time.Duration
+	run := func(db *sql.DB) time.Duration {
+		start := time.Now()
+		var id int64
+		for range 3 {
+			if err := db.QueryRow("INSERT INTO bench_run (v) VALUES (1) RETURNING id").Scan(&id); err != nil {
+				b.Fatal(err)
+			}
+		}
+		read := time.Now()
+		var v int
+		if err := db.QueryRow("SELECT v FROM bench_run WHERE id = $1", id).Scan(&v); err != nil {
+			b.Fatal(err)
+		}
+		k := 0
+		if db == auto {
+			k = 1
+		}
+		reads[k] = append(reads[k], time.Since(read))
+		return time.Since(start)
+	}
+	var tAlways, tAuto []time.Duration
+	alternate(b, always, auto, 50, run, func(p, r time.Duration) {
+		tAlways, tAuto = append(tAlways, p), append(tAuto, r)
+	})
+	ra, rr := p50ns(reads[0][len(reads[0])-b.N:]), p50ns(reads[1][len(reads[1])-b.N:])
+	b.ReportMetric(ra, "always-read-p50-ns")
+	b.ReportMetric(rr, "auto-read-p50-ns")
+	b.ReportMetric(rr/ra, "auto/always-read-p50")
+	pa, pr := p50ns(tAlways), p50ns(tAuto)
+	b.ReportMetric(pa, "always-p50-ns")
+	b.ReportMetric(pr, "auto-p50-ns")
+	b.ReportMetric(pr/pa, "auto/always-p50")
+}
