@@ -161,7 +161,7 @@ func (cn *Conn) captureOwed(ctx context.Context) {
 		return
 	}
 	cs := SessionFrom(ctx)
-	if cs != nil && cn.c.sysID.Load() == 0 && !cn.c.sysTried.Load() {
+	if cs != nil && !cn.c.sysAnswered() {
 		return
 	}
 	seen := cn.lostSeen(ctx)

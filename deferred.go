@@ -174,7 +174,7 @@ func (cn *Conn) deferCapture(ctx context.Context, ws *primaryStmt, err error, wr
 		return false
 	}
 	cs := SessionFrom(ctx)
-	if cs != nil && wrote && cn.c.sysID.Load() == 0 && !cn.c.sysTried.Load() {
+	if cs != nil && wrote && !cn.c.sysAnswered() {
 		return false // the Session's generation needs a query on this connection first
 	}
 	w.wire.Disarm()

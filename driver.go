@@ -273,7 +273,7 @@ func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Con
 // system identifier still is, on a replica's connection, and on the
 // writer's until it is known.
 func (c *Connector) identifySystem(ctx context.Context, pc *pgconn.PgConn, n *node) error {
-	if n.index < 0 && (c.sysID.Load() != 0 || c.sysTried.Load()) {
+	if n.index < 0 && c.sysAnswered() {
 		return nil
 	}
 	res, err := pc.Exec(ctx, sqlSystem).ReadAll()
@@ -377,6 +377,10 @@ type clusterScope struct {
 	key  string
 	refs int // open connectors; under scopes.mu
 }
+
+// sysAnswered reports whether the writer's system identifier is known, or
+// the server refused to say: either way it is not asked again.
+func (s *clusterScope) sysAnswered() bool { return s.sysID.Load() != 0 || s.sysTried.Load() }
 
 // scopes holds the process's cluster scopes, by scopeKey.
 var scopes struct {
