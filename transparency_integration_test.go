@@ -413,6 +413,9 @@ func (r *tpRun) open(i int, extra string) (*tpSide, error) {
 		}
 	}
 	reset.Close(ctx)
+	if err := tpResetSeen(ctx, i); err != nil {
+		return nil, err
+	}
 	s := &tpSide{stmts: map[int]*sql.Stmt{}, txOpen: &r.txOpen}
 	s.opening = func() { s.txOpen.Add(1) }
 	if i == 1 {
@@ -472,6 +475,18 @@ func (r *tpRun) open(i int, extra string) (*tpSide, error) {
 		}
 	}
 	return s, nil
+}
+
+// tpResetSeen waits, on pgryw's side (i == 1), until the replicas have
+// replayed the reset of the tables: it is the checker's, not the
+// program's, and a program's first read, with no write of its own before
+// it, would otherwise see the previous program's rows on a replica still
+// behind (30 ms of apply delay), where pgx on the primary sees the reset.
+func tpResetSeen(ctx context.Context, i int) error {
+	if i != 1 {
+		return nil
+	}
+	return cluster.WaitCaughtUp(ctx)
 }
 
 func (s *tpSide) close() {

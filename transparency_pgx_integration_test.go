@@ -72,6 +72,9 @@ func (r *tpRun) openNative(i int, extra string) (*tpSide, error) {
 		}
 	}
 	reset.Close(ctx)
+	if err := tpResetSeen(ctx, i); err != nil {
+		return nil, err
+	}
 	s := &tpSide{native: true, txOpen: &r.txOpen}
 	s.opening = func() { s.txOpen.Add(1) }
 	s.life, s.end = context.WithCancel(context.Background())
