@@ -43,7 +43,7 @@ func ExampleNewConnector() {
 	// Where did the reads go?
 	fmt.Printf("%+v\n", c.Stats())
 	// Output:
-	// {ReplicaReads:0 PrimaryReads:0 Fallbacks:0 StaleReads:0 BehindErrors:0 Waits:0 WaitTimeouts:0 WaitRefusals:0 Captures:0 CaptureFailures:0 TokensClamped:0 TokensRebased:0 Pinned:0 PinnedBy:map[] FallbackPeak:0 FallbackWaits:0 FallbacksRefused:0 WaitPeak:0 WaitsRefused:0 LagSkips:0}
+	// {ReplicaReads:0 PrimaryReads:0 Fallbacks:0 StaleReads:0 BehindErrors:0 Waits:0 WaitTimeouts:0 WaitRefusals:0 Captures:0 CaptureFailures:0 TokensClamped:0 TokensRebased:0 SnapshotMoves:0 Pinned:0 PinnedBy:map[] FallbackPeak:0 FallbackWaits:0 FallbacksRefused:0 WaitPeak:0 WaitsRefused:0 LagSkips:0}
 }
 
 func ExampleWithPrimary() {

@@ -254,6 +254,12 @@ type Stats struct {
 	CaptureFailures int64 // commits whose position could not be read (the next read re-captures)
 	TokensClamped   int64 // Session positions beyond anything the primary had written, lowered to its position
 	TokensRebased   int64 // Session positions from another primary generation, moved to the current one
+	// SnapshotMoves counts read-only REPEATABLE READ transactions begun on
+	// a replica that moved to the primary after their first statement had
+	// taken their snapshot: the rest of each ran under the primary's
+	// snapshot, taken at the move (docs/guarantees.md, "A read-only
+	// REPEATABLE READ transaction that moves").
+	SnapshotMoves int64
 	// Pinned counts the connections pinned to the primary now: session
 	// state they hold (an advisory lock, LISTEN, a temporary table...)
 	// keeps their reads there until it is released.
@@ -280,6 +286,7 @@ type counters struct {
 	waitFors                                                        atomic.Int64 // checks sent as WAIT FOR LSN
 	waitRefusals                                                    atomic.Int64
 	tokensClamped, tokensRebased                                    atomic.Int64
+	snapshotMoves                                                   atomic.Int64
 	pinned                                                          atomic.Int64
 	pinnedBy                                                        [numPinReasons]atomic.Int64
 	fallbackWaits, fallbacksRefused, waitsRefused                   atomic.Int64
@@ -293,7 +300,7 @@ func (c *Connector) Stats() Stats {
 		ReplicaReads: s.replicaReads.Load(), PrimaryReads: s.primaryReads.Load(), Fallbacks: s.fallbacks.Load(),
 		StaleReads: s.staleReads.Load(), BehindErrors: s.behindErrors.Load(), Waits: s.waits.Load(),
 		WaitTimeouts: s.waitTimeouts.Load(), WaitRefusals: s.waitRefusals.Load(), Captures: s.captures.Load(), CaptureFailures: s.captureFailures.Load(),
-		TokensClamped: s.tokensClamped.Load(), TokensRebased: s.tokensRebased.Load(),
+		TokensClamped: s.tokensClamped.Load(), TokensRebased: s.tokensRebased.Load(), SnapshotMoves: s.snapshotMoves.Load(),
 		Pinned: s.pinned.Load(), PinnedBy: map[string]int64{},
 		FallbackPeak: c.over.fallback.peak.Load(), FallbackWaits: s.fallbackWaits.Load(),
 		FallbacksRefused: s.fallbacksRefused.Load(), WaitPeak: c.over.waitPeak.Load(),

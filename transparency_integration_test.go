@@ -50,6 +50,7 @@ import (
 	"github.com/pgryw/pgryw"
 	"github.com/pgryw/pgryw/internal/faultnet"
 	"github.com/pgryw/pgryw/internal/pgtest"
+	"github.com/pgryw/pgryw/internal/sqlclass"
 )
 
 var transparencySeed = flag.Int64("tseed", 0, "TestTransparency: seed (0: $PGRYW_TRANSPARENCY_SEED, else random)")
@@ -84,6 +85,21 @@ func (s tpStep) texts() string {
 		t += "\n" + b.sql
 	}
 	return t
+}
+
+// tpOnlyNode reports whether every statement of step s reads node
+// identity or node-local state, as pgryw's classifier sees it: no snapshot
+// decides what such a step returns.
+func tpOnlyNode(s tpStep) bool {
+	if s.sql != "" && !sqlclass.Classify(s.sql).Node {
+		return false
+	}
+	for _, b := range s.batch {
+		if !sqlclass.Classify(b.sql).Node {
+			return false
+		}
+	}
+	return s.sql != "" || len(s.batch) > 0
 }
 
 func (s tpStep) String() string {
@@ -123,6 +139,10 @@ type tpResult struct {
 	locks    string // advisory locks in the database, as the observer sees them
 	notified string // notifications the observer received since the last step
 	took     time.Duration
+	// moved: on pgryw's side, the step moved a read-only transaction from
+	// its replica to the primary after its snapshot was taken
+	// (Stats.SnapshotMoves rose).
+	moved bool
 }
 
 func (r tpResult) String() string {
@@ -149,7 +169,9 @@ func (r tpResult) same(o tpResult) bool {
 // reports that the two results of step i differ only that way.
 type tpIntended struct {
 	id, why string
-	accept  func(prog []tpStep, i int, pgx, ryw tpResult) bool
+	// accept reports that step i's results are this difference; before
+	// are pgryw's results of the steps before it.
+	accept func(prog []tpStep, before []tpResult, i int, pgx, ryw tpResult) bool
 }
 
 // transparencyIntended is the written list of intended differences. docs/guarantees.md
@@ -160,7 +182,7 @@ var transparencyIntended = []tpIntended{
 		why: "after DEALLOCATE ALL or DISCARD ALL, pgx fails the next execution of a statement it had prepared on that connection with 26000 " +
 			"(aborting a transaction block); which statements pgx had prepared on pgryw's primary connection depends on which reads ran there, " +
 			"and a read pgryw runs on a replica, whose connection it did not reach, succeeds",
-		accept: func(prog []tpStep, i int, pgx, ryw tpResult) bool {
+		accept: func(prog []tpStep, _ []tpResult, i int, pgx, ryw tpResult) bool {
 			if pgx.err != "SQLSTATE 26000" || ryw.err != "" {
 				return false
 			}
@@ -175,14 +197,42 @@ var transparencyIntended = []tpIntended{
 	{
 		id:  "replica-fails-mid-result",
 		why: "a read whose replica connection breaks after rows reached the caller fails, as it would on any server (docs/guarantees.md, Failures fall back)",
-		accept: func(prog []tpStep, i int, pgx, ryw tpResult) bool {
+		accept: func(prog []tpStep, _ []tpResult, i int, pgx, ryw tpResult) bool {
 			return pgx.err == "" && ryw.err != "" && !strings.HasPrefix(ryw.err, "SQLSTATE ") && prog[i].op == "query" && tpFaultsFired.Load() > 0
+		},
+	},
+	{
+		id: "snapshot-moved",
+		why: "a read-only REPEATABLE READ transaction begun on a replica that must run a statement on the primary after its first statement " +
+			"moves there, and the rest of it sees the primary's snapshot, taken at the move (docs/guarantees.md): it may see what other " +
+			"sessions committed in between. Accepted only after pgryw counted such a move in that transaction (Stats.SnapshotMoves)",
+		accept: func(prog []tpStep, before []tpResult, i int, pgx, ryw tpResult) bool {
+			if pgx.err != "" || ryw.err != "" || !slices.Equal(pgx.cols, ryw.cols) || tpOnlyNode(prog[i]) {
+				return false // a snapshot decides rows, not node state
+			}
+			if ryw.moved {
+				return true // the statement that moved it, reading tables too
+			}
+			s := prog[i].sess
+			for j := i - 1; j >= 0; j-- {
+				st := prog[j]
+				if st.sess != s {
+					continue
+				}
+				if st.op == "begin" || st.op == "commit" || st.op == "rollback" {
+					return false // the transaction began here, or none is open
+				}
+				if before[j].moved {
+					return true
+				}
+			}
+			return false
 		},
 	},
 	{
 		id:  "replica-killed",
 		why: "not a difference of pgryw's: while the checker has a replica stopped, the primary's pg_stat_replication lists one standby fewer",
-		accept: func(prog []tpStep, i int, pgx, ryw tpResult) bool {
+		accept: func(prog []tpStep, _ []tpResult, i int, pgx, ryw tpResult) bool {
 			return tpKills.Load() > 0 && strings.Contains(prog[i].texts(), "pg_stat_replication") && pgx.err == "" && ryw.err == "" &&
 				slices.Equal(pgx.cols, ryw.cols) && len(pgx.rows) == len(ryw.rows)
 		},
@@ -802,7 +852,12 @@ func (r *tpRun) compare(prog []tpStep, extra string, pseed int64) (int, tpResult
 			s.poolExec = func() { r.armPoolFault(s, rng) }
 		}
 		for _, st := range prog {
+			var moves int64
+			if s.c != nil {
+				moves = s.c.Stats().SnapshotMoves
+			}
 			res := s.run(st)
+			res.moved = s.c != nil && s.c.Stats().SnapshotMoves > moves
 			results[side] = append(results[side], res)
 			if res.took > tpStepTimeout+tpLiveness {
 				r.t.Errorf("transparency: %s took %v on side %d, beyond its deadline %v + %v", st, res.took, side, tpStepTimeout, tpLiveness)
@@ -816,7 +871,11 @@ func (r *tpRun) compare(prog []tpStep, extra string, pseed int64) (int, tpResult
 	}
 	for i := range prog {
 		a, b := results[0][i], results[1][i]
-		if a.same(b) || r.intended(prog, i, a, b) {
+		if a.same(b) {
+			continue
+		}
+		if id := r.intended(prog, results[1][:i], i, a, b); id != "" {
+			r.t.Logf("transparency: program seed %d, step %d (%s) differs as intended (%s)", pseed, i, prog[i], id)
 			continue
 		}
 		return i, a, b
@@ -827,13 +886,15 @@ func (r *tpRun) compare(prog []tpStep, extra string, pseed int64) (int, tpResult
 	return -1, tpResult{}, tpResult{}
 }
 
-func (r *tpRun) intended(prog []tpStep, i int, a, b tpResult) bool {
+// intended returns the id of the intended difference that step i's
+// results are, or "".
+func (r *tpRun) intended(prog []tpStep, before []tpResult, i int, a, b tpResult) string {
 	for _, d := range transparencyIntended {
-		if d.accept(prog, i, a, b) {
-			return true
+		if d.accept(prog, before, i, a, b) {
+			return d.id
 		}
 	}
-	return false
+	return ""
 }
 
 // minimize drops steps from a failing program while it still fails.

@@ -101,7 +101,8 @@ func (r *tpRun) openNative(i int, extra string) (*tpSide, error) {
 		var pc *pgryw.PoolConfig
 		if pc, err = pgryw.ParsePoolConfig(dsn); err == nil {
 			if s.pool, err = pgryw.NewPoolWithConfig(ctx, pc); err == nil {
-				pgryw.SetNetHook(s.pool.Connector(), r.nw.Wrap)
+				s.c = s.pool.Connector()
+				pgryw.SetNetHook(s.c, r.nw.Wrap)
 			}
 		}
 	}

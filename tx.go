@@ -7,6 +7,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -27,9 +28,13 @@ type tx struct {
 	wrote     bool // a statement that may write ran: the commit moves the watermark
 	// opts are the transaction's options as routing reads them; begin is
 	// the op that opened it, to open it again on the primary (toPrimary).
-	opts    driver.TxOptions
-	begin   stmtOp
-	ran     bool // a statement ran in it
+	opts  driver.TxOptions
+	begin stmtOp
+	ran   bool // a statement ran in it
+	// snapped: a statement that takes a snapshot was sent in it (not
+	// SHOW, SET LOCAL, SET TRANSACTION, a savepoint): under REPEATABLE
+	// READ its snapshot is taken.
+	snapped bool
 	tainted bool // on a replica: a statement in it may have changed session state
 	// local: on a replica, the statements run so far whose effects last
 	// the transaction (SET LOCAL, savepoints, cursors), in order: run again
@@ -48,14 +53,14 @@ type tx struct {
 
 // behind reports that the session's watermark has risen, since a read-only
 // transaction began on its replica, in a way its next statement would see
-// on the primary alone: before its first statement (which takes its
-// snapshot), or under READ COMMITTED, where each statement sees what
+// on the primary alone: before its first statement that takes a snapshot
+// (the transaction's, under REPEATABLE READ), or under READ COMMITTED, where each statement sees what
 // committed before it. Nothing waits inside the transaction (its session
 // holds locks after its first statement: a wait or a poll there could
 // stall the replica's replay, and PostgreSQL 19 refuses such a wait), so
 // the rest of the transaction moves to the primary instead. Under
-// REPEATABLE READ or SERIALIZABLE, after the first statement, the snapshot
-// is older than the write on any node, and nothing changes.
+// REPEATABLE READ or SERIALIZABLE, once the snapshot is taken, it is older
+// than the write on any node, and nothing changes.
 func (t *tx) behind(ctx context.Context) bool {
 	if !t.onReplica || t.aborted || !t.cn.c.cfg.ReadYourWrites {
 		return false
@@ -67,7 +72,7 @@ func (t *tx) behind(ctx context.Context) bool {
 	if wm <= t.checked {
 		return false
 	}
-	if t.ran && !t.readCommitted(ctx) {
+	if t.snapped && !t.readCommitted(ctx) {
 		t.checked = wm
 		return false
 	}
@@ -94,6 +99,22 @@ func (t *tx) readCommitted(ctx context.Context) bool {
 		t.iso = row[0]
 	}
 	return t.iso == "read committed" || t.iso == "read uncommitted"
+}
+
+// snapshotHeld reports, on a replica, that the transaction keeps one
+// snapshot from its first statement on (REPEATABLE READ, SERIALIZABLE), as
+// far as it is known without asking an aborted transaction.
+func (t *tx) snapshotHeld() bool {
+	if t.aborted && t.isoUnknown() {
+		return false // toPrimary asks the primary's transaction instead
+	}
+	return !t.readCommitted(t.ctx)
+}
+
+// isoUnknown reports that the transaction's isolation level is the
+// session's default and has not been asked yet.
+func (t *tx) isoUnknown() bool {
+	return sql.IsolationLevel(t.opts.Isolation) == sql.LevelDefault && t.iso == ""
 }
 
 // replayed is a statement to run again when a transaction moves.
@@ -151,8 +172,13 @@ func (t *tx) needsPrimary(cls *sqlclass.Result) bool {
 // transaction ends. Under REPEATABLE READ the statements from here on see
 // the primary's snapshot, taken now (docs/guarantees.md lists this).
 func (t *tx) toPrimary() error {
+	held := t.snapped && t.onReplica && t.snapshotHeld()
 	if err := t.reopenOnPrimary(); err != nil {
 		return err
+	}
+	if held || t.snapped && t.isoUnknown() && !t.readCommitted(t.ctx) {
+		// The replica's snapshot is left behind (Stats.SnapshotMoves).
+		t.cn.c.stats.snapshotMoves.Add(1)
 	}
 	for i := range t.local {
 		if err := t.local[i].replay(t.ctx, t.b); err != nil {
@@ -255,20 +281,14 @@ func (t *tx) note(op *stmtOp, cls *sqlclass.Result, err error) {
 	}
 }
 
-// place classifies a statement of the transaction and, on a replica, moves
-// the transaction to the primary first when the statement must run there
-// or would see more there (needsPrimary, behind).
-func (t *tx) place(ctx context.Context, op *stmtOp) (sqlclass.Result, error) {
-	if t.onReplica && !t.aborted && t.b.pg.TxStatus() == 'E' {
-		// An error pgryw did not read (in a result past what a batch's
-		// read-ahead holds, say) aborted it on the server.
-		t.aborted = true
+// place moves a transaction on a replica to the primary before a statement
+// classified as cls, when the statement must run there or would see more
+// there (needsPrimary, behind).
+func (t *tx) place(ctx context.Context, cls *sqlclass.Result) error {
+	if t.needsPrimary(cls) || t.behind(ctx) {
+		return t.toPrimary()
 	}
-	cls := t.cn.c.classifyOp(ctx, op)
-	if t.needsPrimary(&cls) || t.behind(ctx) {
-		return cls, t.toPrimary()
-	}
-	return cls, nil
+	return nil
 }
 
 func (t *tx) exec(ctx context.Context, query string, args []driver.NamedValue, st *stmt) (driver.Result, error) {
@@ -293,11 +313,19 @@ func (t *tx) run(op *stmtOp) error {
 		// bounded by the statement's.
 		t.ctx = op.ctx
 	}
-	cls, err := t.place(op.ctx, op)
-	if err != nil {
+	if t.onReplica && !t.aborted && t.b.pg.TxStatus() == 'E' {
+		// An error pgryw did not read (in a result past what a batch's
+		// read-ahead holds, say) aborted it on the server.
+		t.aborted = true
+	}
+	cls := t.cn.c.classifyOp(op.ctx, op)
+	if t.onReplica && !t.aborted && t.snapped && t.beside(op, &cls) {
+		return t.runBeside(op, &cls)
+	}
+	if err := t.place(op.ctx, &cls); err != nil {
 		return err
 	}
-	err = t.runOn(op)
+	err := t.runOn(op)
 	if refused, nodeWide := t.refused(err); refused {
 		op.discard() // a batch's results, read ahead
 		query := op.query
@@ -309,8 +337,87 @@ func (t *tx) run(op *stmtOp) error {
 		}
 	}
 	t.ran = true
+	t.snapped = t.snapped || t.cn.c.takesSnapshot(op.ctx, op, &cls)
 	t.note(op, &cls, err)
 	t.served(op.ctx, op.query)
+	return err
+}
+
+// takesSnapshot reports that op, classified as cls, may take the
+// transaction's snapshot: anything but SHOW, SET LOCAL, SET TRANSACTION,
+// SET CONSTRAINTS and savepoints, read from the first statement of a
+// string (a batch's: from each). Where it errs it says no: a transaction
+// thought to have no snapshot yet moves to the primary when the watermark
+// rises, where one thought to have one would stay, and its first read
+// could miss the write.
+func (c *Connector) takesSnapshot(ctx context.Context, op *stmtOp, cls *sqlclass.Result) bool {
+	if op.kind != opPgxBatch {
+		return snapshotStmt(cls)
+	}
+	for _, q := range op.batch.QueuedQueries {
+		if cls := c.classify(ctx, q.SQL); snapshotStmt(&cls) {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshotStmt is takesSnapshot for one statement string.
+func snapshotStmt(cls *sqlclass.Result) bool {
+	switch cls.Reason {
+	case "SHOW", "SET LOCAL", "SET TRANSACTION", "SET CONSTRAINTS":
+		return false
+	}
+	return cls.Tx != sqlclass.TxSavepoint
+}
+
+// beside reports that op, a statement of a read-only transaction on a
+// replica that holds its snapshot, must be answered by the primary and can
+// be answered there outside the transaction, as it would be inside it: it
+// reads node identity alone, in one of the forms sqlclass.NodeProbe admits
+// (SELECT pg_is_in_recovery(), inet_server_port(); SHOW in_hot_standby),
+// and nothing run in the transaction so far changes how it reads (SET
+// LOCAL, a savepoint, a cursor). Moving the transaction instead would give
+// the rest of it the primary's newer snapshot. Batches move it still.
+func (t *tx) beside(op *stmtOp, cls *sqlclass.Result) bool {
+	switch op.kind {
+	case opExec, opQuery, opPgxExec, opPgxQuery:
+	default:
+		return false
+	}
+	return cls.Node && len(t.local) == 0 && cls.Hint == sqlclass.HintNone &&
+		sqlclass.NodeProbe(op.query) && t.snapshotHeld()
+}
+
+// besideAbortTimeout bounds the statement that aborts a replica's
+// transaction after runBeside's statement failed.
+const besideAbortTimeout = 5 * time.Second
+
+// runBeside runs op (beside) on the primary's connection, outside the
+// transaction, which stays on its replica with its snapshot. An error (it
+// comes with the one row such a statement returns, read before this
+// returns) aborts the replica's transaction as the statement's would have
+// inside it, with an error pgryw makes there itself: what follows in the
+// transaction fails until ROLLBACK TO or its end, as with pgx. A context
+// done before the statement was sent aborts nothing: pgx sends nothing
+// then either.
+func (t *tx) runBeside(op *stmtOp, cls *sqlclass.Result) error {
+	cn := t.cn
+	p := plan{target: targetPrimary, route: RouteNodeLocal, read: true}
+	op.ahead = op.kind == opPgxQuery
+	unsent := op.ctx.Err() != nil
+	done, err := cn.runPrimary(op.ctx, *cls, &p, op)
+	if done != nil {
+		done(err) // a read holds nothing open on the primary
+	}
+	if err != nil && !unsent {
+		// Within a bound of its own: the caller's context may be what
+		// ended the statement.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(op.ctx), besideAbortTimeout)
+		t.b.control(ctx, "SELECT 1/0") //nolint:errcheck // it fails: that is what it is for
+		cancel()
+		t.aborted = true
+	}
 	return err
 }
 

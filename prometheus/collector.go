@@ -27,7 +27,7 @@ type Collector struct {
 	up, state, position, lag, lagTimestamp              *prometheus.Desc
 
 	captures, captureFailures, behindErrors, tokensClamped, tokensRebased *prometheus.Desc
-	pinned                                                                *prometheus.Desc
+	snapshotMoves, pinned                                                 *prometheus.Desc
 }
 
 // Option configures NewCollector.
@@ -75,6 +75,7 @@ func NewCollector(c *pgryw.Connector, opts ...Option) *Collector {
 		behindErrors:    desc("behind_errors_total", "Reads that returned ErrReplicaBehind (on_timeout=error)."),
 		tokensClamped:   desc("tokens_clamped_total", "Session positions beyond anything the primary had written, lowered to its position."),
 		tokensRebased:   desc("tokens_rebased_total", "Session positions from another primary generation, moved to the current one."),
+		snapshotMoves:   desc("snapshot_moves_total", "Read-only REPEATABLE READ transactions moved from a replica to the primary after their snapshot was taken."),
 		pinned:          desc("pinned_connections", "Connections whose reads stay on the primary because of session state they hold, by reason (a connection may count under several).", "reason"),
 	}
 }
@@ -86,7 +87,7 @@ func (col *Collector) Describe(ch chan<- *prometheus.Desc) {
 		col.waitSeconds, col.waitTimeouts, col.fallbacks, col.misses,
 		col.up, col.state, col.position, col.lag, col.lagTimestamp,
 		col.captures, col.captureFailures, col.behindErrors, col.tokensClamped, col.tokensRebased,
-		col.pinned,
+		col.snapshotMoves, col.pinned,
 	} {
 		ch <- d
 	}
@@ -157,6 +158,7 @@ func (col *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(col.behindErrors, st.BehindErrors)
 	counter(col.tokensClamped, st.TokensClamped)
 	counter(col.tokensRebased, st.TokensRebased)
+	counter(col.snapshotMoves, st.SnapshotMoves)
 	for reason, n := range st.PinnedBy {
 		gauge(col.pinned, float64(n), label(reason))
 	}

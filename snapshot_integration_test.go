@@ -1,0 +1,271 @@
+package pgryw_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgryw/pgryw"
+	"github.com/pgryw/pgryw/internal/pgtest"
+)
+
+// snapTx is a transaction as the snapshot program uses it, of database/sql
+// or of pgx.
+type snapTx interface {
+	query(ctx context.Context, q string) (string, error)
+	commit(ctx context.Context) error
+}
+
+type sqlSnapTx struct{ tx *sql.Tx }
+
+func (s sqlSnapTx) query(ctx context.Context, q string) (string, error) {
+	var v string
+	err := s.tx.QueryRowContext(ctx, q).Scan(&v)
+	return v, err
+}
+
+func (s sqlSnapTx) commit(context.Context) error { return s.tx.Commit() }
+
+type pgxSnapTx struct{ tx pgx.Tx }
+
+func (s pgxSnapTx) query(ctx context.Context, q string) (string, error) {
+	var v any
+	err := s.tx.QueryRow(ctx, q).Scan(&v)
+	return fmt.Sprint(v), err
+}
+
+func (s pgxSnapTx) commit(ctx context.Context) error { return s.tx.Commit(ctx) }
+
+// snapProgram is a read-only REPEATABLE READ transaction that reads a
+// table (taking its snapshot), lets another session commit a row, and goes
+// on with node, the statements that must be answered by the primary,
+// before it reads the table again and fails a statement. It returns what a
+// program sees, line by line. begin opens the transaction after the first
+// row is written.
+func snapProgram(t *testing.T, table string, node []string, begin func(ctx context.Context) snapTx) []string {
+	ctx := context.Background()
+	var out []string
+	see := func(what string, v string, err error) {
+		if err != nil {
+			v = "error " + errText(err)
+		}
+		out = append(out, what+": "+v)
+	}
+	tx := begin(ctx)
+	v, err := tx.query(ctx, "SELECT count(*) FROM "+table)
+	see("first read", v, err)
+	other, err := pgx.Connect(ctx, cluster.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	if _, err := other.Exec(ctx, "INSERT INTO "+table+" VALUES (2, 1)"); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range node {
+		v, err := tx.query(ctx, q)
+		see(q, v, err)
+	}
+	v, err = tx.query(ctx, "SELECT count(*) FROM "+table)
+	see("second read", v, err)
+	v, err = tx.query(ctx, "SELECT current_setting('port')::bool")
+	see("failing node read", v, err)
+	v, err = tx.query(ctx, "SELECT count(*) FROM "+table)
+	see("after the failure", v, err)
+	see("commit", "", tx.commit(ctx))
+	return out
+}
+
+// TestIntegrationReadOnlySnapshotKept: a read-only REPEATABLE READ
+// transaction on a replica answers reads of node identity
+// (pg_is_in_recovery(), inet_server_port(), SHOW in_hot_standby) from the
+// primary, as pgx on the primary does, and keeps its snapshot: it sees the
+// same rows as pgx's transaction, through database/sql and through the
+// Pool. A failing one aborts it as it does pgx's. The controls: a
+// statement with lasting effects (a session SET), and a read of node-local
+// state that is not such a probe (pg_stat_replication, which PostgreSQL
+// freezes for the rest of a transaction), still move the transaction, and
+// the rest of it sees the row pgx's transaction does not (the intended
+// difference in docs/guarantees.md, counted in Stats.SnapshotMoves).
+func TestIntegrationReadOnlySnapshotKept(t *testing.T) {
+	pgtest.Require(t, cluster)
+	nodeReads := []string{
+		"SELECT pg_is_in_recovery()",
+		"SELECT pg_catalog.inet_server_port() AS port",
+		"SHOW in_hot_standby",
+		"SELECT current_setting('port')",
+	}
+	opts := &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
+	popts := pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
+
+	// fresh creates the table with its first row, seen by the replicas.
+	fresh := func(t *testing.T) string {
+		table := newTable(t)
+		conn, err := pgx.Connect(context.Background(), cluster.WriterDSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(context.Background(), "INSERT INTO "+table+" VALUES (1, 1)"); err != nil {
+			t.Fatal(err)
+		}
+		if err := cluster.WaitCaughtUp(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return table
+	}
+	// onReplica fails the test unless c's transactions began on a replica
+	// (else the comparison shows nothing) and moved as many times as want.
+	onReplica := func(t *testing.T, c *pgryw.Connector, begins *[]pgryw.ServedBy, moves int64) {
+		t.Helper()
+		for _, s := range *begins {
+			if s.Role != pgryw.RoleReplica {
+				t.Fatalf("a transaction began on %s (%s): the program needs it on a replica", s.Addr, s.Route)
+			}
+		}
+		if len(*begins) == 0 {
+			t.Fatal("no transaction began")
+		}
+		if got := c.Stats().SnapshotMoves; got != moves {
+			t.Fatalf("Stats.SnapshotMoves = %d, want %d", got, moves)
+		}
+	}
+	hook := func(c *pgryw.Connector) *[]pgryw.ServedBy {
+		var begins []pgryw.ServedBy
+		c.SetServedBy(func(_ context.Context, s pgryw.ServedBy) {
+			if s.Begin {
+				begins = append(begins, s)
+			}
+		})
+		return &begins
+	}
+
+	sqlRun := func(t *testing.T, node []string) (want, got []string, c *pgryw.Connector, begins *[]pgryw.ServedBy) {
+		plain, err := sql.Open("pgx", cluster.WriterDSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer plain.Close()
+		db, c := openDB(t, "")
+		begins = hook(c)
+		for side, d := range []*sql.DB{plain, db} {
+			out := snapProgram(t, fresh(t), node, func(ctx context.Context) snapTx {
+				tx, err := d.BeginTx(ctx, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return sqlSnapTx{tx}
+			})
+			if side == 0 {
+				want = out
+			} else {
+				got = out
+			}
+		}
+		return want, got, c, begins
+	}
+	pgxRun := func(t *testing.T, node []string) (want, got []string, c *pgryw.Connector, begins *[]pgryw.ServedBy) {
+		ctx := context.Background()
+		plain, err := pgxpool.New(ctx, cluster.WriterDSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer plain.Close()
+		pc, err := pgryw.ParsePoolConfig(cluster.WriterDSN() + "&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := pgryw.NewPoolWithConfig(ctx, pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		c = pool.Connector()
+		begins = hook(c)
+		want = snapProgram(t, fresh(t), node, func(ctx context.Context) snapTx {
+			tx, err := plain.BeginTx(ctx, popts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pgxSnapTx{tx}
+		})
+		got = snapProgram(t, fresh(t), node, func(ctx context.Context) snapTx {
+			tx, err := pool.BeginTx(ctx, popts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pgxSnapTx{tx}
+		})
+		return want, got, c, begins
+	}
+
+	for name, run := range map[string]func(*testing.T, []string) ([]string, []string, *pgryw.Connector, *[]pgryw.ServedBy){
+		"database/sql": sqlRun, "pgx": pgxRun,
+	} {
+		t.Run(name, func(t *testing.T) {
+			want, got, c, begins := run(t, nodeReads)
+			if !slices.Equal(want, got) {
+				t.Fatalf("pgx:\n  %s\npgryw:\n  %s", strings.Join(want, "\n  "), strings.Join(got, "\n  "))
+			}
+			if want[len(nodeReads)+1] != "second read: 1" {
+				t.Fatalf("pgx's transaction saw %q: the program shows nothing", want[len(nodeReads)+1])
+			}
+			onReplica(t, c, begins, 0)
+		})
+		for _, move := range []string{"SELECT set_config('search_path', 'public', false)", "SELECT count(*) FROM pg_stat_replication"} {
+			t.Run(name+"/control: "+move+" moves it", func(t *testing.T) {
+				want, got, c, begins := run(t, []string{move})
+				if want[2] != "second read: 1" || got[2] != "second read: 2" {
+					t.Fatalf("second reads: pgx %q, pgryw %q; want the moved transaction to see the other session's row", want[2], got[2])
+				}
+				onReplica(t, c, begins, 1)
+			})
+		}
+	}
+}
+
+// TestIntegrationReadOnlySnapshotTakenLate: a read-only REPEATABLE READ
+// transaction on a replica takes its snapshot at its first statement that
+// takes one, not at a SHOW or SET LOCAL before it. When the pool's
+// watermark rises in between (another connection of the pool writes,
+// session_scope=db) the transaction moves to the primary before that
+// statement, and it sees the write, as pgx's transaction on the primary
+// does. Counting the SHOW as the snapshot kept it on a replica 300 ms
+// behind, where the read missed the write.
+func TestIntegrationReadOnlySnapshotTakenLate(t *testing.T) {
+	table := newTable(t)
+	setDelay(t, 300*time.Millisecond)
+	ctx := context.Background()
+	db, c := openDB(t, "session_scope=db&wait_timeout=2s")
+	begins := []pgryw.ServedBy{}
+	c.SetServedBy(func(_ context.Context, s pgryw.ServedBy) {
+		if s.Begin {
+			begins = append(begins, s)
+		}
+	})
+	for i, first := range []string{"SHOW search_path", "SET LOCAL statement_timeout = '5s'"} {
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+		noCallerError(t, "BEGIN", err)
+		_, err = tx.ExecContext(ctx, first)
+		noCallerError(t, first, err)
+		_, err = db.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 1)", table, i+1))
+		noCallerError(t, "insert", err)
+		if n := countRows(t, ctx, tx, table); n != i+1 {
+			t.Errorf("after %q: the transaction's first read saw %d rows, want %d (the pool's write before it)", first, n, i+1)
+		}
+		noCallerError(t, "COMMIT", tx.Commit())
+	}
+	if len(begins) != 2 || begins[0].Role != pgryw.RoleReplica || begins[1].Role != pgryw.RoleReplica {
+		t.Fatalf("transactions began on %+v: the test needs them on a replica", begins)
+	}
+	if n := c.Stats().SnapshotMoves; n != 0 {
+		t.Fatalf("Stats.SnapshotMoves = %d: no snapshot was taken before the moves", n)
+	}
+}
