@@ -1583,11 +1583,15 @@ func TestProtocolWaitingReadsShareOnePoll(t *testing.T) {
 	const (
 		readers = 8
 		// A read's own polls: pgryw's pipelinedAttempts tries with the read
-		// riding along, then polls alone backing off from 20 µs until a
-		// pause reaches 1 ms (followAfter): at most 11, however long the
-		// wait. Polling on its own up to 5 ms apart, a read waiting 150
-		// ms would poll about 40 times.
-		ownPolls = 12
+		// riding along, then polls alone backing off from 100 µs until a
+		// pause reaches 1 ms (followAfter): about 11, however long the
+		// wait (at most 98 for the 8 reads in 38 of 40 runs). Once the
+		// monitor has measured the lag, a read past the replica's
+		// expected arrival retries every 20 µs for up to lagSteady (5
+		// ms) before it hands over: 108 and 126 in the other 2. Polling
+		// on its own up to 5 ms apart, a read waiting 150 ms would poll
+		// about 40 times.
+		ownPolls = 20
 		lag      = 150 * time.Millisecond
 	)
 	pc := newProtoCluster(t, "15.4", "wait_timeout=2s")
