@@ -316,7 +316,6 @@ func loadSlice(ctx context.Context, cfg *config, e *env, smp *sampler, res *load
 		rng := rand.New(rand.NewPCG(seed, 1))
 		var last int64
 		for time.Now().Before(until) && ctx.Err() == nil {
-			out.ops++
 			t0 := time.Now()
 			if last == 0 || rng.Float64() < cfg.writeShare {
 				id := ids.Add(1)
@@ -328,6 +327,7 @@ func loadSlice(ctx context.Context, cfg *config, e *env, smp *sampler, res *load
 					continue
 				}
 				out.writeLat = append(out.writeLat, time.Since(t0))
+				out.ops++
 				out.writes++
 				last = id
 				continue
@@ -341,6 +341,7 @@ func loadSlice(ctx context.Context, cfg *config, e *env, smp *sampler, res *load
 				continue
 			}
 			out.readLat = append(out.readLat, time.Since(t0))
+			out.ops++
 			out.reads++
 			if !v.Valid || v.Int64 != 2*last+1 {
 				out.stale++
@@ -435,6 +436,12 @@ func printLoadText(w io.Writer, cfg *config, e *env, res []*loadResult, elapsed,
 			fmt.Fprintf(w, "\n%s: %d errors; first: %s\n", r.Name, r.Errors, r.FirstError)
 		}
 	}
+	if ts := loadTargets(res); len(ts) > 0 {
+		fmt.Fprintln(w, "\nTargets:")
+		for _, t := range ts {
+			fmt.Fprintf(w, "  %-4s %s\n", t.status, t.text)
+		}
+	}
 	fmt.Fprintf(w, "\nTook %v (of which starting and preparing the servers %v).\n", elapsed.Round(100*time.Millisecond), setup.Round(100*time.Millisecond))
 }
 
@@ -452,6 +459,11 @@ func printLoadJSON(w io.Writer, cfg *config, e *env, res []*loadResult, elapsed 
 		"results":         res,
 		"elapsed_seconds": elapsed.Seconds(),
 	}
+	var targets []map[string]string
+	for _, t := range loadTargets(res) {
+		targets = append(targets, map[string]string{"status": t.status, "target": t.text})
+	}
+	out["targets"] = targets
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
@@ -466,4 +478,47 @@ func loadNote(cfg *config) {
 	if len(ignored) > 0 {
 		fmt.Fprintf(os.Stderr, "rywbench: -load ignores %s\n", strings.Join(ignored, ", "))
 	}
+}
+
+// loadJudged is one judged line of the load test.
+type loadJudged struct {
+	status, text string
+}
+
+// loadTargets judges the load test's targets for each pgryw strategy run:
+// throughput at least 90% of per-node-pools' with no stale read and no
+// error, and server connections per replica at most the peak of busy ones
+// plus a small constant (2).
+func loadTargets(res []*loadResult) []loadJudged {
+	var base *loadResult
+	for _, r := range res {
+		if r.Name == loadPerNode {
+			base = r
+		}
+	}
+	var out []loadJudged
+	for _, r := range res {
+		if r.Name != pgrywName && r.Name != pgrywSession {
+			continue
+		}
+		if base != nil && base.OpsPerSec > 0 {
+			ratio := r.OpsPerSec / base.OpsPerSec
+			st := "PASS"
+			if ratio < 0.90 || r.Stale > 0 || r.Errors > 0 {
+				st = "FAIL"
+			}
+			out = append(out, loadJudged{st, fmt.Sprintf("%s throughput ≥ 90%% of %s, 0 stale: %.0f%% (%d stale)", r.Name, loadPerNode, 100*ratio, r.Stale)})
+		}
+		for _, c := range r.Conns {
+			if !strings.HasPrefix(c.Node, "replica") {
+				continue
+			}
+			st := "PASS"
+			if c.HeldMax > c.BusyMax+2 {
+				st = "FAIL"
+			}
+			out = append(out, loadJudged{st, fmt.Sprintf("%s server connections on %s ≤ peak busy + 2: held %d, busy peak %d", r.Name, c.Node, c.HeldMax, c.BusyMax)})
+		}
+	}
+	return out
 }

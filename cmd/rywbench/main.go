@@ -44,7 +44,9 @@
 // (pg_stat_statements) are read, and reported per iteration.
 //
 // -load runs the load test instead (load.go): 32 workers, mixed writes and
-// reads, throughput and the server connections each node sees.
+// reads, throughput and the server connections each node sees, judged
+// against the load targets. -pgryw key=value adds a DSN key to every pgryw
+// strategy (-pgryw read_your_writes=off: pgryw's routing alone).
 //
 // Without -primary, rywbench starts a local primary and -replicas streaming
 // replicas from the PostgreSQL server binaries (internal/pgtest), with
@@ -142,6 +144,7 @@ func parseFlags() (*config, error) {
 	flag.BoolVar(&cfg.load, "load", false, "load test: -workers (default 32) run mixed writes and reads for -load-time per strategy; reports throughput and the server connections each node sees")
 	flag.DurationVar(&cfg.loadTime, "load-time", 6*time.Second, "with -load: measured time per strategy, split over -rounds")
 	flag.Float64Var(&cfg.writeShare, "write-share", 0.2, "with -load: share of operations that are writes")
+	flag.Var(&pgrywKeys, "pgryw", "a pgryw DSN key=value added to every pgryw strategy's DSN after rywbench's own, e.g. -pgryw capture=always; repeatable")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write the client's CPU profile (runtime/pprof) of the whole run to this file")
 	flag.BoolVar(&cfg.json, "json", false, "print one JSON object instead of the table")
 	flag.BoolVar(&cfg.demo, "demo", false, "short demo: 1 replica 50ms behind, naive-replica vs pgryw (explicit flags still win)")
@@ -299,6 +302,14 @@ func run(cfg *config) int {
 		}
 		if err != nil {
 			return fail(ctx, err)
+		}
+		for _, r := range res {
+			if r.Errors > 0 {
+				// Operations that failed are not throughput: a run with
+				// any is no measurement.
+				fmt.Fprintf(os.Stderr, "rywbench: -load: %s had %d errors (first: %s)\n", r.Name, r.Errors, r.FirstError)
+				return 1
+			}
 		}
 		return 0
 	}
@@ -490,6 +501,9 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 			return e, fmt.Errorf("-pgss: %w (a local cluster loads it; given servers need it in shared_preload_libraries)", err)
 		}
 	}
+	if _, err := p.primary.ExecContext(ctx, createPortFunction); err != nil {
+		return e, fmt.Errorf("create %s(): %w", portFunction, err)
+	}
 	if cfg.load {
 		return e, setupLoad(ctx, cfg, e)
 	}
@@ -549,9 +563,6 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 		return (s == wireWaitFor || s == wireWaitForTrail) && e.models[s] == nil
 	})
 
-	if _, err := p.primary.ExecContext(ctx, createPortFunction); err != nil {
-		return e, fmt.Errorf("create %s(): %w", portFunction, err)
-	}
 	// The preloaded table first: once a replica shows the tables created
 	// after it, it has its rows too.
 	tables := []string{preloadTable}

@@ -343,6 +343,10 @@ type pgrywStrategy struct {
 	sessions          sync.Map // pgryw-session: id → *pgryw.Session, from the insert to the read
 }
 
+// pgrywKeys are the -pgryw flags: key=value pairs every pgryw strategy's
+// DSN gets after rywbench's own.
+var pgrywKeys stringList
+
 // newPgryw opens a pgryw pool: the primary's DSN plus pgryw's replicas and
 // wait_timeout keys, as an application would write it; pgryw-no-replica
 // gets no replicas key (pgryw's no-replica mode), pgryw-session
@@ -357,6 +361,10 @@ func newPgryw(kind, primaryDSN string, replicaAddrs []string, budget time.Durati
 		kv = append(kv, [2]string{"session_scope", "conn"})
 	}
 	kv = append(kv, [2]string{"wait_timeout", budget.String()})
+	for _, k := range pgrywKeys {
+		key, value, _ := strings.Cut(k, "=")
+		kv = append(kv, [2]string{key, value})
+	}
 	if kind != sqlKind(kind) {
 		kv = append(kv, [2]string{"pool_max_conns", strconv.Itoa(poolSize)}, [2]string{"pool_min_idle_conns", strconv.Itoa(poolSize)})
 		return newPgrywPool(kind, withParams(primaryDSN, kv))
