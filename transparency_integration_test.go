@@ -149,11 +149,15 @@ func (r tpResult) String() string {
 	var b strings.Builder
 	if r.err != "" {
 		fmt.Fprintf(&b, "error %s", r.err)
-	} else {
-		fmt.Fprintf(&b, "cols %v rows %v", r.cols, r.rows)
-		if r.affected != "" {
-			fmt.Fprintf(&b, " affected %s", r.affected)
+	}
+	if r.err == "" || len(r.cols) > 0 || len(r.rows) > 0 {
+		if b.Len() > 0 {
+			b.WriteString("; ")
 		}
+		fmt.Fprintf(&b, "cols %v rows %v", r.cols, r.rows)
+	}
+	if r.affected != "" {
+		fmt.Fprintf(&b, " affected %s", r.affected)
 	}
 	fmt.Fprintf(&b, "; locks [%s]; notified [%s]", r.locks, r.notified)
 	return b.String()
@@ -227,6 +231,27 @@ var transparencyIntended = []tpIntended{
 				}
 			}
 			return false
+		},
+	},
+	{
+		id: "aborted-batch-described",
+		why: "in an aborted transaction pgx fails a batch before any callback when it must describe one of its statements first, and runs " +
+			"the callbacks with 25P02 when it described them all on that connection before; which statements pgx described on pgryw's " +
+			"primary connection depends on which reads ran there (read-only batches on replicas)",
+		accept: func(prog []tpStep, _ []tpResult, i int, pgx, ryw tpResult) bool {
+			const aborted = "SQLSTATE 25P02"
+			if prog[i].op != "batch" || pgx.err != aborted || ryw.err != aborted || pgx.affected != ryw.affected {
+				return false
+			}
+			onlyAborted := func(r tpResult) bool {
+				for _, row := range r.rows {
+					if len(row) != 1 || row[0] != "error "+aborted {
+						return false
+					}
+				}
+				return len(r.cols) == 0
+			}
+			return onlyAborted(pgx) && onlyAborted(ryw)
 		},
 	},
 	{
