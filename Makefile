@@ -154,6 +154,7 @@ ormcheck:
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzClassify$$' -fuzztime=$(FUZZTIME) ./internal/sqlclass
 	$(GO) test -run='^$$' -fuzz='^FuzzLex$$' -fuzztime=$(FUZZTIME) ./internal/sqlclass
+	$(GO) test -run='^$$' -fuzz='^FuzzNodeProbe$$' -fuzztime=$(FUZZTIME) ./internal/sqlclass
 
 fuzz-all: fuzz
 	$(GO) test -run='^$$' -fuzz='^FuzzParseDSN$$' -fuzztime=$(FUZZTIME) .

@@ -147,6 +147,11 @@ func (cn *Conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, 
 			return st, nil
 		}
 		ps, err := t.b.prepare(ctx, query)
+		if err == nil {
+			// Parse analysis of a query takes the transaction's snapshot.
+			cls := cn.c.classify(ctx, query)
+			t.snapped = t.snapped || snapshotStmt(&cls)
+		}
 		if err != nil {
 			t.aborted = true
 			if prim != nil {

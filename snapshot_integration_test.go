@@ -250,11 +250,21 @@ func TestIntegrationReadOnlySnapshotTakenLate(t *testing.T) {
 			begins = append(begins, s)
 		}
 	})
-	for i, first := range []string{"SHOW search_path", "SET LOCAL statement_timeout = '5s'"} {
+	firsts := [][]string{
+		{"SHOW search_path"},
+		{"SET LOCAL statement_timeout = '5s'"},
+		{""},
+		// A statement that fails before it takes a snapshot.
+		{"SAVEPOINT s", "SELECT 1 1", "ROLLBACK TO SAVEPOINT s"},
+	}
+	for i, first := range firsts {
 		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 		noCallerError(t, "BEGIN", err)
-		_, err = tx.ExecContext(ctx, first)
-		noCallerError(t, first, err)
+		for _, q := range first {
+			if _, err := tx.ExecContext(ctx, q); err != nil && q != "SELECT 1 1" {
+				t.Fatalf("%q: %v", q, err)
+			}
+		}
 		_, err = db.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 1)", table, i+1))
 		noCallerError(t, "insert", err)
 		if n := countRows(t, ctx, tx, table); n != i+1 {
@@ -262,10 +272,120 @@ func TestIntegrationReadOnlySnapshotTakenLate(t *testing.T) {
 		}
 		noCallerError(t, "COMMIT", tx.Commit())
 	}
-	if len(begins) != 2 || begins[0].Role != pgryw.RoleReplica || begins[1].Role != pgryw.RoleReplica {
-		t.Fatalf("transactions began on %+v: the test needs them on a replica", begins)
+	if len(begins) != len(firsts) {
+		t.Fatalf("%d transactions began, want %d", len(begins), len(firsts))
+	}
+	for _, b := range begins {
+		if b.Role != pgryw.RoleReplica {
+			t.Fatalf("transactions began on %+v: the test needs them on a replica", begins)
+		}
 	}
 	if n := c.Stats().SnapshotMoves; n != 0 {
 		t.Fatalf("Stats.SnapshotMoves = %d: no snapshot was taken before the moves", n)
+	}
+}
+
+// TestIntegrationReadOnlyProbeClientError: a probe that pgx fails before
+// sending it (a wrong number of arguments) leaves the read-only
+// transaction usable, as pgx's, where pgryw aborted it.
+func TestIntegrationReadOnlyProbeClientError(t *testing.T) {
+	pgtest.Require(t, cluster)
+	table := newTable(t)
+	ctx := context.Background()
+	plain, err := pgxpool.New(ctx, cluster.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	pc, err := pgryw.ParsePoolConfig(cluster.WriterDSN() + "&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgryw.NewPoolWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	run := func(begin func() (pgx.Tx, error)) []string {
+		tx, err := begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		var out []string
+		for _, q := range []struct {
+			sql  string
+			args []any
+		}{{"SELECT count(*) FROM " + table, nil}, {"SELECT pg_is_in_recovery()", []any{1}}, {"SELECT count(*) FROM " + table, nil}} {
+			var v any
+			err := tx.QueryRow(ctx, q.sql, q.args...).Scan(&v)
+			out = append(out, fmt.Sprintf("%s: %v, error %v", q.sql, v, err != nil))
+		}
+		return out
+	}
+	opts := pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}
+	want := run(func() (pgx.Tx, error) { return plain.BeginTx(ctx, opts) })
+	got := run(func() (pgx.Tx, error) { return pool.BeginTx(ctx, opts) })
+	if !slices.Equal(want, got) {
+		t.Fatalf("pgx:\n  %s\npgryw:\n  %s", strings.Join(want, "\n  "), strings.Join(got, "\n  "))
+	}
+}
+
+// TestIntegrationReadOnlySerializableDefaultAfterShow: with SERIALIZABLE
+// as the session's default isolation (here from the DSN), a standby
+// refuses a read-only transaction when it takes its snapshot, not at
+// BEGIN. After a SHOW, the refused read moves the transaction to the
+// primary and succeeds, as with pgx; pgryw returned the standby's refusal
+// when it took the SHOW for the transaction's first statement.
+func TestIntegrationReadOnlySerializableDefaultAfterShow(t *testing.T) {
+	table := newTable(t)
+	ctx := context.Background()
+	db, _ := openDB(t, "default_transaction_isolation=serializable")
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	noCallerError(t, "BEGIN", err)
+	defer tx.Rollback()
+	var iso string
+	noCallerError(t, "SHOW", tx.QueryRowContext(ctx, "SHOW transaction_isolation").Scan(&iso))
+	if iso != "serializable" {
+		t.Fatalf("transaction_isolation %q: the test needs serializable as the default", iso)
+	}
+	countRows(t, ctx, tx, table)
+	noCallerError(t, "COMMIT", tx.Commit())
+}
+
+// TestIntegrationReadOnlyPrepareTakesSnapshot: preparing a query in a
+// read-only REPEATABLE READ transaction takes its snapshot (the server's
+// parse analysis does), as in pgx's transaction on the primary. A write
+// the pool makes afterwards is not seen by the prepared read: pgryw kept
+// the transaction on its replica, where it had moved it to the primary
+// under a newer snapshot.
+func TestIntegrationReadOnlyPrepareTakesSnapshot(t *testing.T) {
+	pgtest.Require(t, cluster)
+	ctx := context.Background()
+	plain, err := sql.Open("pgx", cluster.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	db, c := openDB(t, "session_scope=db")
+	var out [2]string
+	for side, d := range []*sql.DB{plain, db} {
+		table := newTable(t)
+		tx, err := d.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+		noCallerError(t, "BEGIN", err)
+		st, err := tx.PrepareContext(ctx, "SELECT count(*) FROM "+table)
+		noCallerError(t, "prepare", err)
+		_, err = d.ExecContext(ctx, "INSERT INTO "+table+" VALUES (1, 1)")
+		noCallerError(t, "insert", err)
+		var n int
+		noCallerError(t, "read", st.QueryRowContext(ctx).Scan(&n))
+		out[side] = fmt.Sprint(n)
+		noCallerError(t, "COMMIT", tx.Commit())
+	}
+	if out[0] != out[1] {
+		t.Fatalf("the prepared read saw %s rows with pgx, %s with pgryw", out[0], out[1])
+	}
+	if n := c.Stats().SnapshotMoves; n != 0 {
+		t.Fatalf("Stats.SnapshotMoves = %d, want 0", n)
 	}
 }

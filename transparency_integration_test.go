@@ -386,6 +386,13 @@ func tpCheck(t *testing.T, native bool, progsEnv string, def int) {
 			}
 			if j, pgx, ryw := r.compare(min, extra, pseed); j >= 0 {
 				fmt.Fprintf(&b, "which differs at step %d:\n  pgx:   %s\n  pgryw: %s\n", j, pgx, ryw)
+			} else {
+				// A difference that timing or faults decide: the whole
+				// program up to it.
+				fmt.Fprintf(&b, "which did not differ again; the program up to step %d:\n", i)
+				for k, s := range prog[:i+1] {
+					fmt.Fprintf(&b, "  %2d %s\n", k, s)
+				}
 			}
 			t.Fatal(b.String())
 		}

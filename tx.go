@@ -261,8 +261,9 @@ func (t *tx) note(op *stmtOp, cls *sqlclass.Result, err error) {
 		// connection is closed when the transaction ends.
 		t.tainted = t.tainted || touchesState(cls) && !cls.TxLocal
 		switch {
-		case err != nil:
+		case reachedServer(err, t.b):
 			t.aborted = true
+		case err != nil:
 		case cls.TxLocal:
 			if cls.Tx == sqlclass.TxSavepoint && strings.HasPrefix(strings.ToUpper(strings.TrimSpace(query)), "ROLLBACK") {
 				t.aborted = false
@@ -337,19 +338,20 @@ func (t *tx) run(op *stmtOp) error {
 		}
 	}
 	t.ran = true
-	t.snapped = t.snapped || t.cn.c.takesSnapshot(op.ctx, op, &cls)
+	t.snapped = t.snapped || err == nil && t.cn.c.takesSnapshot(op.ctx, op, &cls)
 	t.note(op, &cls, err)
 	t.served(op.ctx, op.query)
 	return err
 }
 
-// takesSnapshot reports that op, classified as cls, may take the
-// transaction's snapshot: anything but SHOW, SET LOCAL, SET TRANSACTION,
-// SET CONSTRAINTS and savepoints, read from the first statement of a
-// string (a batch's: from each). Where it errs it says no: a transaction
-// thought to have no snapshot yet moves to the primary when the watermark
-// rises, where one thought to have one would stay, and its first read
-// could miss the write.
+// takesSnapshot reports that op, classified as cls, took the
+// transaction's snapshot: anything but an empty string, SHOW, SET LOCAL,
+// SET TRANSACTION, SET CONSTRAINTS, FETCH, MOVE, CLOSE and savepoints,
+// read from the first statement of a string (a batch's: from each), that
+// succeeded (one that failed may have failed before it took one). Where it
+// errs it says no: a transaction thought to have no snapshot yet moves to
+// the primary when the watermark rises, where one thought to have one
+// would stay, and its first read could miss the write.
 func (c *Connector) takesSnapshot(ctx context.Context, op *stmtOp, cls *sqlclass.Result) bool {
 	if op.kind != opPgxBatch {
 		return snapshotStmt(cls)
@@ -365,7 +367,9 @@ func (c *Connector) takesSnapshot(ctx context.Context, op *stmtOp, cls *sqlclass
 // snapshotStmt is takesSnapshot for one statement string.
 func snapshotStmt(cls *sqlclass.Result) bool {
 	switch cls.Reason {
-	case "SHOW", "SET LOCAL", "SET TRANSACTION", "SET CONSTRAINTS":
+	case "empty", "SHOW", "SET LOCAL", "SET TRANSACTION", "SET CONSTRAINTS", "FETCH", "MOVE", "CLOSE":
+		// (FETCH and MOVE read a cursor declared in the transaction,
+		// whose DECLARE took the snapshot.)
 		return false
 	}
 	return cls.Tx != sqlclass.TxSavepoint
@@ -393,6 +397,15 @@ func (t *tx) beside(op *stmtOp, cls *sqlclass.Result) bool {
 // transaction after runBeside's statement failed.
 const besideAbortTimeout = 5 * time.Second
 
+// reachedServer reports that err is the answer of a server to a statement
+// that was sent, or that the connection failed under it: an error of pgx's
+// own before anything was sent (a wrong number of arguments, a connection
+// still busy) leaves a transaction as it was.
+func reachedServer(err error, b *backend) bool {
+	var pe *pgconn.PgError
+	return err != nil && (errors.As(err, &pe) || b.closed())
+}
+
 // runBeside runs op (beside) on the primary's connection, outside the
 // transaction, which stays on its replica with its snapshot. An error (it
 // comes with the one row such a statement returns, read before this
@@ -406,11 +419,13 @@ func (t *tx) runBeside(op *stmtOp, cls *sqlclass.Result) error {
 	p := plan{target: targetPrimary, route: RouteNodeLocal, read: true}
 	op.ahead = op.kind == opPgxQuery
 	unsent := op.ctx.Err() != nil
-	done, err := cn.runPrimary(op.ctx, *cls, &p, op)
+	probe := *cls
+	probe.Funcs = nil // built-ins NodeProbe admits, volatile or not: a read
+	done, err := cn.runPrimary(op.ctx, probe, &p, op)
 	if done != nil {
 		done(err) // a read holds nothing open on the primary
 	}
-	if err != nil && !unsent {
+	if reachedServer(err, cn.primary) && !unsent {
 		// Within a bound of its own: the caller's context may be what
 		// ended the statement.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(op.ctx), besideAbortTimeout)
@@ -454,7 +469,9 @@ func (t *tx) refused(err error) (refused, nodeWide bool) {
 		return false, false
 	}
 	if refusedByStandby(e) {
-		return !t.ran, !t.ran
+		// Refused when the snapshot is taken: a SHOW or SET LOCAL
+		// before it ran.
+		return !t.snapped, !t.snapped
 	}
 	return e.Code == sqlstateReadOnly || refusedAsStandby(e) && !isStaleDescription(e), false
 }

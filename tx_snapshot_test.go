@@ -24,6 +24,11 @@ func TestSnapshotStmt(t *testing.T) {
 		"RELEASE SAVEPOINT sp":                         false,
 		"ROLLBACK TO SAVEPOINT sp":                     false,
 		"SHOW search_path; SELECT 1":                   false, // errs towards no: see takesSnapshot
+		"":                                             false,
+		";":                                            false,
+		"FETCH 2 FROM c1":                              false,
+		"MOVE NEXT IN c1":                              false,
+		"CLOSE c1":                                     false,
 	} {
 		cls := sqlclass.Classify(q)
 		if got := snapshotStmt(&cls); got != want {

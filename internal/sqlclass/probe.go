@@ -45,7 +45,7 @@ func NodeProbe(sql string) bool {
 	}
 	switch ts[0].kw {
 	case kwShow:
-		return len(ts) == 2 && ts[1].kind == TokIdent && probeSetting(strings.ToLower(c.text(ts[1])))
+		return len(ts) == 2 && ts[1].kind == TokIdent && probeSetting(asciiLower(c.text(ts[1])))
 	case kwSelect:
 	default:
 		return false
@@ -56,7 +56,9 @@ func NodeProbe(sql string) bool {
 			return false
 		}
 		if kindAt(ts, j) == TokTypecast {
-			if kindAt(ts, j+1) != TokIdent {
+			// A built-in type: a cast to a domain or through a cast
+			// function of the database's runs its code.
+			if kindAt(ts, j+1) != TokIdent || !probeTypes[asciiLower(c.text(ts[j+1]))] {
 				return false
 			}
 			j += 2
@@ -83,13 +85,13 @@ func NodeProbe(sql string) bool {
 // probeCall reads one admitted call starting at ts[i] and returns the
 // index after it.
 func (c *classifier) probeCall(ts []stok, i int) (int, bool) {
-	if kindAt(ts, i) == TokIdent && kindAt(ts, i+1) == TokDot && strings.EqualFold(c.text(ts[i]), "pg_catalog") {
+	if kindAt(ts, i) == TokIdent && kindAt(ts, i+1) == TokDot && asciiEqualFold(c.text(ts[i]), "pg_catalog") {
 		i += 2
 	}
 	if kindAt(ts, i) != TokIdent || kindAt(ts, i+1) != TokLParen {
 		return 0, false
 	}
-	name := strings.ToLower(c.text(ts[i]))
+	name := asciiLower(c.text(ts[i]))
 	switch {
 	case probeFuncs[name] && kindAt(ts, i+2) == TokRParen:
 		return i + 3, true
@@ -105,7 +107,31 @@ func probeSetting(name string) bool {
 	return nodeSettings[name] && !strings.HasPrefix(name, "transaction_")
 }
 
+// probeTypes are the types a probe may cast its answer to: built-ins whose
+// names cannot be taken by a type of the database's (keywords) or that
+// stand first on every search path (pg_catalog's).
+var probeTypes = map[string]bool{
+	"text": true, "varchar": true, "int": true, "integer": true, "int4": true, "int8": true, "bigint": true,
+	"bool": true, "boolean": true, "numeric": true, "pg_lsn": true, "inet": true, "timestamptz": true,
+}
+
 func (c *classifier) text(t stok) string { return c.src[t.start:t.end] }
+
+// asciiLower folds ASCII letters only, as the server folds unquoted names.
+func asciiLower(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 'A' && s[i] <= 'Z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if b[j] >= 'A' && b[j] <= 'Z' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
+}
 
 func stokAt(ts []stok, i int) stok {
 	if i < 0 || i >= len(ts) {

@@ -53,6 +53,11 @@ func TestNodeProbe(t *testing.T) {
 		{"SELECT current_setting('search_path')", false},
 		{"SELECT current_setting($1)", false},
 		{"SELECT current_setting('port', true)", false},
+		{"SELECT pg_backend_pid()::mydomain", false},
+		{"SELECT pg_current_wal_lsn()::leaky AS x", false},
+		{"SELECT pg_backend_pid()::int[]", false},
+		{"SELECT pg_bac\u212Aend_pid()", false},
+		{"SELECT PG_BACKEND_PID()::INT8", true},
 	}
 	for _, c := range cases {
 		if got := NodeProbe(c.sql); got != c.probe {
