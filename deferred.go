@@ -330,10 +330,17 @@ func (p *pendingCapture) settle(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.awaiting = false
-	if err != nil && ctx.Err() != nil {
+	if err != nil && (ctx.Err() != nil || wire.IsTimeout(err)) {
+		// Not settled: the answer is still due on the connection, whose
+		// slot must not be armed again before it has come (it would be
+		// taken for the next capture's answer). A wait that ran out of
+		// time a moment before its context said so is the context's end.
 		close(p.turn)
 		p.turn = make(chan struct{})
-		return ctx.Err()
+		if cerr := ctx.Err(); cerr != nil {
+			return cerr
+		}
+		return context.DeadlineExceeded
 	}
 	if !p.settled {
 		p.markSettled()

@@ -919,7 +919,23 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 	if !ok {
 		dl = time.Now().Add(30 * time.Second)
 	}
-	return c.readUntil(ctx, dl, in)
+	err := c.readUntil(ctx, dl, in)
+	if err != nil && ok && ctx.Err() == nil && !time.Now().Before(dl) && IsTimeout(err) {
+		// The read's deadline is the context's, and it passed a moment
+		// before the context's own timer said so: the caller must not
+		// take it for the answer's end (in is still due).
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
+// IsTimeout reports whether err, from Await, is a wait that ran out of
+// time (the context's deadline, or Await's own bound without one): the
+// answer may still come, and the connection is still in step.
+func IsTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.Is(err, errAwaitTimeout) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // readUntil reads from the socket, beside pgx's use of it, until in's
