@@ -308,8 +308,13 @@ func TestDownReplicaBackoff(t *testing.T) {
 			down = false
 			got, rd := append([]time.Time(nil), probes...), readDials
 			mu.Unlock()
-			if rd != 0 {
-				t.Errorf("reads connected to the down replica %d times", rd)
+			// One read may find the replica gone before the monitor does
+			// (its connection died with the proxy's; under load the
+			// monitor's 10 ms tick can come later) and try a new
+			// connection once; after that failure the node is down, and
+			// no read dials it again.
+			if rd > 1 {
+				t.Errorf("reads connected to the down replica %d times, want at most 1", rd)
 			}
 			if len(got) < 2 {
 				t.Fatalf("%d probes while down: the monitor does not probe", len(got))
