@@ -31,9 +31,9 @@ type tx struct {
 	opts  driver.TxOptions
 	begin stmtOp
 	ran   bool // a statement ran in it
-	// snapped: a statement that takes a snapshot was sent in it (not
-	// SHOW, SET LOCAL, SET TRANSACTION, a savepoint): under REPEATABLE
-	// READ its snapshot is taken.
+	// snapped: a statement that took a snapshot ran in it (takesSnapshot;
+	// or a query was prepared in it): under REPEATABLE READ its snapshot
+	// is taken.
 	snapped bool
 	tainted bool // on a replica: a statement in it may have changed session state
 	// local: on a replica, the statements run so far whose effects last
@@ -54,8 +54,8 @@ type tx struct {
 // behind reports that the session's watermark has risen, since a read-only
 // transaction began on its replica, in a way its next statement would see
 // on the primary alone: before its first statement that takes a snapshot
-// (the transaction's, under REPEATABLE READ), or under READ COMMITTED, where each statement sees what
-// committed before it. Nothing waits inside the transaction (its session
+// (the transaction's, under REPEATABLE READ), or under READ COMMITTED,
+// where each statement sees what committed before it. Nothing waits inside the transaction (its session
 // holds locks after its first statement: a wait or a poll there could
 // stall the replica's replay, and PostgreSQL 19 refuses such a wait), so
 // the rest of the transaction moves to the primary instead. Under
@@ -99,22 +99,6 @@ func (t *tx) readCommitted(ctx context.Context) bool {
 		t.iso = row[0]
 	}
 	return t.iso == "read committed" || t.iso == "read uncommitted"
-}
-
-// snapshotHeld reports, on a replica, that the transaction keeps one
-// snapshot from its first statement on (REPEATABLE READ, SERIALIZABLE), as
-// far as it is known without asking an aborted transaction.
-func (t *tx) snapshotHeld() bool {
-	if t.aborted && t.isoUnknown() {
-		return false // toPrimary asks the primary's transaction instead
-	}
-	return !t.readCommitted(t.ctx)
-}
-
-// isoUnknown reports that the transaction's isolation level is the
-// session's default and has not been asked yet.
-func (t *tx) isoUnknown() bool {
-	return sql.IsolationLevel(t.opts.Isolation) == sql.LevelDefault && t.iso == ""
 }
 
 // replayed is a statement to run again when a transaction moves.
@@ -172,12 +156,14 @@ func (t *tx) needsPrimary(cls *sqlclass.Result) bool {
 // transaction ends. Under REPEATABLE READ the statements from here on see
 // the primary's snapshot, taken now (docs/guarantees.md lists this).
 func (t *tx) toPrimary() error {
-	held := t.snapped && t.onReplica && t.snapshotHeld()
+	// Whether the replica's snapshot is left behind (Stats.SnapshotMoves):
+	// the isolation level is asked there while its transaction can
+	// answer, else of the primary's.
+	held := t.snapped && !t.aborted && !t.readCommitted(t.ctx)
 	if err := t.reopenOnPrimary(); err != nil {
 		return err
 	}
-	if held || t.snapped && t.isoUnknown() && !t.readCommitted(t.ctx) {
-		// The replica's snapshot is left behind (Stats.SnapshotMoves).
+	if held || t.snapped && t.aborted && !t.readCommitted(t.ctx) {
 		t.cn.c.stats.snapshotMoves.Add(1)
 	}
 	for i := range t.local {
@@ -390,7 +376,7 @@ func (t *tx) beside(op *stmtOp, cls *sqlclass.Result) bool {
 		return false
 	}
 	return cls.Node && len(t.local) == 0 && cls.Hint == sqlclass.HintNone &&
-		sqlclass.NodeProbe(op.query) && t.snapshotHeld()
+		sqlclass.NodeProbe(op.query) && !t.readCommitted(t.ctx)
 }
 
 // besideAbortTimeout bounds the statement that aborts a replica's
@@ -411,21 +397,20 @@ func reachedServer(err error, b *backend) bool {
 // comes with the one row such a statement returns, read before this
 // returns) aborts the replica's transaction as the statement's would have
 // inside it, with an error pgryw makes there itself: what follows in the
-// transaction fails until ROLLBACK TO or its end, as with pgx. A context
-// done before the statement was sent aborts nothing: pgx sends nothing
-// then either.
+// transaction fails until ROLLBACK TO or its end, as with pgx. An error
+// of pgx's own before anything was sent (a context already done) aborts
+// nothing (reachedServer): pgx sends nothing then either.
 func (t *tx) runBeside(op *stmtOp, cls *sqlclass.Result) error {
 	cn := t.cn
 	p := plan{target: targetPrimary, route: RouteNodeLocal, read: true}
 	op.ahead = op.kind == opPgxQuery
-	unsent := op.ctx.Err() != nil
 	probe := *cls
 	probe.Funcs = nil // built-ins NodeProbe admits, volatile or not: a read
 	done, err := cn.runPrimary(op.ctx, probe, &p, op)
 	if done != nil {
 		done(err) // a read holds nothing open on the primary
 	}
-	if reachedServer(err, cn.primary) && !unsent {
+	if reachedServer(err, cn.primary) {
 		// Within a bound of its own: the caller's context may be what
 		// ended the statement.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(op.ctx), besideAbortTimeout)

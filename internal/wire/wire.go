@@ -919,19 +919,14 @@ func (c *Conn) Await(ctx context.Context, in *Injection) error {
 	if !ok {
 		dl = time.Now().Add(30 * time.Second)
 	}
-	err := c.readUntil(ctx, dl, in)
-	if err != nil && ok && ctx.Err() == nil && !time.Now().Before(dl) && IsTimeout(err) {
-		// The read's deadline is the context's, and it passed a moment
-		// before the context's own timer said so: the caller must not
-		// take it for the answer's end (in is still due).
-		return context.DeadlineExceeded
-	}
-	return err
+	return c.readUntil(ctx, dl, in)
 }
 
 // IsTimeout reports whether err, from Await, is a wait that ran out of
-// time (the context's deadline, or Await's own bound without one): the
-// answer may still come, and the connection is still in step.
+// time: the context's deadline (the socket's read deadline is the
+// context's, and may pass a moment before the context's own timer says
+// so), or Await's own bound without one. The answer may still come, and
+// the connection is still in step.
 func IsTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
