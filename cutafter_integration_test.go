@@ -80,12 +80,8 @@ func faultAfterWrite(t *testing.T, table, mode string, kind faultnet.Kind) {
 	cs := sqlConns(t, db, 2)
 	a, b := cs[0], cs[1]
 	// Both connections have read once, and know their replicas.
-	for _, conn := range []*sql.Conn{a, b} {
-		var n int
-		if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-	}
+	countRows(t, ctx, a, table)
+	countRows(t, ctx, b, table)
 	sess := pgryw.NewSession()
 	sctx := pgryw.WithSession(ctx, sess)
 	faultAfterWriteID++
@@ -179,12 +175,8 @@ func TestIntegrationLateCaptureThenWriteAgain(t *testing.T) {
 		db, _, nw := openFaultNet(t, "session_scope=db&wait_timeout=2s&capture=always")
 		cs := sqlConns(t, db, 2)
 		a, b := cs[0], cs[1]
-		for _, conn := range []*sql.Conn{a, b} {
-			var n int
-			if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-		}
+		countRows(t, ctx, a, table)
+		countRows(t, ctx, b, table)
 		first, second := 2*round+1, 2*round+2
 		primaryConnOf(t, nw, a).Arm(faultnet.Fault{Kind: faultnet.StallAfterReady, Delay: stall})
 		start := time.Now()

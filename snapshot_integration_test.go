@@ -43,6 +43,18 @@ func (s pgxSnapTx) query(ctx context.Context, q string) (string, error) {
 
 func (s pgxSnapTx) commit(ctx context.Context) error { return s.tx.Commit(ctx) }
 
+// plainPgxPool opens a pgxpool on the primary alone, closed with the test:
+// the pgx program pgryw's Pool is compared with.
+func plainPgxPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(context.Background(), cluster.WriterDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
 // snapProgram is a read-only REPEATABLE READ transaction that reads a
 // table (taking its snapshot), lets another session commit a row, and goes
 // on with node, the statements that must be answered by the primary,
@@ -172,21 +184,7 @@ func TestIntegrationReadOnlySnapshotKept(t *testing.T) {
 		return want, got, c, begins
 	}
 	pgxRun := func(t *testing.T, node []string) (want, got []string, c *pgryw.Connector, begins *[]pgryw.ServedBy) {
-		ctx := context.Background()
-		plain, err := pgxpool.New(ctx, cluster.WriterDSN())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer plain.Close()
-		pc, err := pgryw.ParsePoolConfig(cluster.WriterDSN() + "&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool, err := pgryw.NewPoolWithConfig(ctx, pc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
+		plain, pool := plainPgxPool(t), openPool(t, "")
 		c = pool.Connector()
 		begins = hook(c)
 		want = snapProgram(t, fresh(t), node, func(ctx context.Context) snapTx {
@@ -292,20 +290,7 @@ func TestIntegrationReadOnlyProbeClientError(t *testing.T) {
 	pgtest.Require(t, cluster)
 	table := newTable(t)
 	ctx := context.Background()
-	plain, err := pgxpool.New(ctx, cluster.WriterDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Close()
-	pc, err := pgryw.ParsePoolConfig(cluster.WriterDSN() + "&replicas=" + strings.Join(cluster.ReplicaAddrs(), ","))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgryw.NewPoolWithConfig(ctx, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	plain, pool := plainPgxPool(t), openPool(t, "")
 	run := func(begin func() (pgx.Tx, error)) []string {
 		tx, err := begin()
 		if err != nil {

@@ -484,18 +484,8 @@ func (r *tpRun) open(i int, extra string) (*tpSide, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	db := r.dbs[i]
-	reset, err := pgx.Connect(ctx, tpDSN(db, ""))
+	err := tpResetTables(ctx, db, i)
 	if err != nil {
-		return nil, err
-	}
-	for _, q := range tpReset {
-		if _, err := reset.Exec(ctx, q); err != nil {
-			reset.Close(ctx)
-			return nil, err
-		}
-	}
-	reset.Close(ctx)
-	if err := tpResetSeen(ctx, i); err != nil {
 		return nil, err
 	}
 	s := &tpSide{stmts: map[int]*sql.Stmt{}, txOpen: &r.txOpen}
@@ -559,12 +549,25 @@ func (r *tpRun) open(i int, extra string) (*tpSide, error) {
 	return s, nil
 }
 
-// tpResetSeen waits, on pgryw's side (i == 1), until the replicas have
-// replayed the reset of the tables: it is the checker's, not the
-// program's, and a program's first read, with no write of its own before
-// it, would otherwise see the previous program's rows on a replica still
-// behind (30 ms of apply delay), where pgx on the primary sees the reset.
-func tpResetSeen(ctx context.Context, i int) error {
+// tpResetTables empties database db's tables (tpReset) for side i's next
+// program, with a connection of its own. On pgryw's side (i == 1) it then
+// waits until the replicas have replayed the reset: it is the checker's,
+// not the program's, and a program's first read, with no write of its own
+// before it, would otherwise see the previous program's rows on a replica
+// still behind (30 ms of apply delay), where pgx on the primary sees the
+// reset.
+func tpResetTables(ctx context.Context, db string, i int) error {
+	reset, err := pgx.Connect(ctx, tpDSN(db, ""))
+	if err != nil {
+		return err
+	}
+	for _, q := range tpReset {
+		if _, err := reset.Exec(ctx, q); err != nil {
+			reset.Close(ctx)
+			return err
+		}
+	}
+	reset.Close(ctx)
 	if i != 1 {
 		return nil
 	}

@@ -61,18 +61,8 @@ func (r *tpRun) openNative(i int, extra string) (*tpSide, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	db := r.dbs[i]
-	reset, err := pgx.Connect(ctx, tpDSN(db, ""))
+	err := tpResetTables(ctx, db, i)
 	if err != nil {
-		return nil, err
-	}
-	for _, q := range tpReset {
-		if _, err := reset.Exec(ctx, q); err != nil {
-			reset.Close(ctx)
-			return nil, err
-		}
-	}
-	reset.Close(ctx)
-	if err := tpResetSeen(ctx, i); err != nil {
 		return nil, err
 	}
 	s := &tpSide{native: true, txOpen: &r.txOpen}
