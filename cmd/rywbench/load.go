@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -22,9 +21,11 @@ import (
 // mixed operations for -load-time per strategy: a write (insert a fresh
 // row; -write-share of the operations, and always the first) or a read of
 // the row the worker wrote last. It reports throughput, latency, stale
-// reads, and the server connections each node sees, sampled from
-// pg_stat_activity every 50ms: "held" = open client connections, "busy" =
-// those not idle at that instant. Each strategy gets fresh pools for each
+// reads; the cost of an operation: the client process's CPU, the servers'
+// client backends' CPU less their background (/proc, local cluster), their
+// statements (-pgss) and pgryw's Stats; and the server connections each
+// node sees, sampled from pg_stat_activity every 50ms: "held" = open client
+// connections, "busy" = those not idle at that instant. Each strategy gets fresh pools for each
 // round, closed (and their connections gone from the servers) before the
 // next.
 //
@@ -72,6 +73,7 @@ type loadTarget struct {
 	insert   string
 	get      string
 	nextRead atomic.Uint64
+	conn     *pgryw.Connector // pgryw's strategies: its Stats
 }
 
 func openLoadTarget(cfg *config, e *env, name string) (*loadTarget, error) {
@@ -106,7 +108,7 @@ func openLoadTarget(cfg *config, e *env, name string) (*loadTarget, error) {
 		var p *pgrywStrategy
 		p, err = newPgryw(name, e.primaryDSN, e.replicaAddrs, cfg.budget, cfg.workers)
 		if p != nil {
-			t.primary = p.db
+			t.primary, t.conn = p.db, p.conn
 			t.closers = append(t.closers, p.db)
 		}
 	}
@@ -175,8 +177,16 @@ type loadResult struct {
 	WriteP50   float64     `json:"write_p50_ms"`
 	WriteP95   float64     `json:"write_p95_ms"`
 	Conns      []connStats `json:"connections"`
-	readLat    []time.Duration
-	writeLat   []time.Duration
+	// Per operation: the servers' cost (CPU of their client backends, and
+	// statements with -pgss), the client's CPU (the whole process, in
+	// microseconds), and pgryw's Stats summed over the measured phases.
+	Cost      *costSummary `json:"server_cost,omitempty"`
+	ClientCPU float64      `json:"client_cpu_us_per_op"`
+	Pgryw     *pgryw.Stats `json:"pgryw_stats,omitempty"`
+	cost      costDelta
+	clientCPU time.Duration
+	readLat   []time.Duration
+	writeLat  []time.Duration
 }
 
 // sampler counts each node's client connections.
@@ -210,11 +220,15 @@ func (s *sampler) close() {
 	}
 }
 
-// count returns node i's client connections other than the sampler's own:
-// open, and not idle.
+// meterAppName is the application_name of the cost meter's connections,
+// which the sampler does not count.
+const meterAppName = "rywbench-meter"
+
+// count returns node i's client connections other than the sampler's own
+// and the cost meter's: open, and not idle.
 func (s *sampler) count(ctx context.Context, i int) (held, busy int, err error) {
 	err = s.dbs[i].QueryRowContext(ctx, `SELECT count(*), count(*) FILTER (WHERE state <> 'idle')
-		FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&held, &busy)
+		FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND application_name <> $1`, meterAppName).Scan(&held, &busy)
 	return held, busy, err
 }
 
@@ -241,7 +255,6 @@ func (s *sampler) settle(ctx context.Context) error {
 }
 
 func runLoad(ctx context.Context, cfg *config, e *env, prog *progress) ([]*loadResult, error) {
-	loadNote(cfg)
 	// The setup's pools would otherwise keep idle connections open, counted
 	// against every strategy.
 	e.pools.primary.SetMaxIdleConns(0)
@@ -254,6 +267,10 @@ func runLoad(ctx context.Context, cfg *config, e *env, prog *progress) ([]*loadR
 	}
 	defer smp.close()
 	if err := smp.settle(ctx); err != nil {
+		return nil, err
+	}
+	prog.line("measuring the servers' background load")
+	if err := e.meter.background(ctx, time.Second); err != nil {
 		return nil, err
 	}
 	results := make([]*loadResult, len(cfg.strategies))
@@ -291,6 +308,10 @@ func runLoad(ctx context.Context, cfg *config, e *env, prog *progress) ([]*loadR
 		res.WriteP50, res.WriteP95 = ms(percentile(res.writeLat, 0.5)), ms(percentile(res.writeLat, 0.95))
 		if res.Seconds > 0 {
 			res.OpsPerSec = float64(res.Ops) / res.Seconds
+		}
+		res.Cost = res.cost.summarize(res.Ops)
+		if res.Ops > 0 {
+			res.ClientCPU = float64(res.clientCPU.Microseconds()) / float64(res.Ops)
 		}
 	}
 	return results, nil
@@ -387,9 +408,32 @@ func loadSlice(ctx context.Context, cfg *config, e *env, smp *sampler, res *load
 		return outs
 	}
 	phase(loadWarmup, false)
+	before, err := e.meter.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	var stats pgryw.Stats
+	if t.conn != nil {
+		stats = t.conn.Stats()
+	}
+	cpu0 := processCPU()
 	start := time.Now()
 	outs := phase(d, true)
-	res.Seconds += time.Since(start).Seconds()
+	dur := time.Since(start)
+	res.clientCPU += processCPU() - cpu0
+	res.Seconds += dur.Seconds()
+	if t.conn != nil {
+		diff := statsDiff(t.conn.Stats(), stats)
+		if res.Pgryw == nil {
+			res.Pgryw = &pgryw.Stats{}
+		}
+		addStats(res.Pgryw, diff)
+	}
+	after, err := e.meter.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	res.cost.add(e.meter, before, after, dur)
 	for _, o := range outs {
 		res.Ops += o.ops
 		res.Writes += o.writes
@@ -418,6 +462,7 @@ func printLoadText(w io.Writer, cfg *config, e *env, res []*loadResult, elapsed,
 		fmt.Fprintf(w, row, r.Name, fmt.Sprintf("%.0f", r.OpsPerSec), fmt.Sprint(r.Writes), fmt.Sprint(r.Reads), fmt.Sprint(r.Stale), fmt.Sprint(r.Errors),
 			fmtMS(r.ReadP50), fmtMS(r.ReadP95), fmtMS(r.WriteP50), fmtMS(r.WriteP95))
 	}
+	printLoadCost(w, res)
 	fmt.Fprintf(w, "\nServer connections per node (client backends in pg_stat_activity every %v; held = open, busy = not idle):\n", loadSampleEvery)
 	const crow = "%-15s %-9s %9s %10s %9s %10s\n"
 	fmt.Fprintf(w, crow, "strategy", "node", "held max", "held mean", "busy max", "busy mean")
@@ -469,17 +514,6 @@ func printLoadJSON(w io.Writer, cfg *config, e *env, res []*loadResult, elapsed 
 	return enc.Encode(out)
 }
 
-// loadNote is printed when -load is combined with flags it ignores.
-func loadNote(cfg *config) {
-	var ignored []string
-	if cfg.pgss {
-		ignored = append(ignored, "-pgss")
-	}
-	if len(ignored) > 0 {
-		fmt.Fprintf(os.Stderr, "rywbench: -load ignores %s\n", strings.Join(ignored, ", "))
-	}
-}
-
 // loadJudged is one judged line of the load test.
 type loadJudged struct {
 	status, text string
@@ -521,4 +555,47 @@ func loadTargets(res []*loadResult) []loadJudged {
 		}
 	}
 	return out
+}
+
+// addStats adds d to s, field by field (those statsDiff takes).
+func addStats(s *pgryw.Stats, d pgryw.Stats) {
+	s.ReplicaReads += d.ReplicaReads
+	s.PrimaryReads += d.PrimaryReads
+	s.Fallbacks += d.Fallbacks
+	s.StaleReads += d.StaleReads
+	s.BehindErrors += d.BehindErrors
+	s.Waits += d.Waits
+	s.WaitTimeouts += d.WaitTimeouts
+	s.Captures += d.Captures
+	s.CaptureFailures += d.CaptureFailures
+}
+
+// printLoadCost prints what each operation cost: the client's CPU, the
+// servers' (client backends', less their background), statements with
+// -pgss, and what pgryw's Stats counted, per operation.
+func printLoadCost(w io.Writer, res []*loadResult) {
+	fmt.Fprintln(w, "\nCost per operation (CPU in µs; statements with -pgss; pgryw's Stats per read or write):")
+	const row = "%-15s %10s %11s %11s %10s %10s %9s %9s %9s %9s\n"
+	fmt.Fprintf(w, row, "strategy", "client CPU", "primary CPU", "replica CPU", "prim stmts", "repl stmts", "waits/rd", "primrd/rd", "capt/wr", "timeouts")
+	opt := func(v *float64, f string) string {
+		if v == nil {
+			return "-"
+		}
+		return fmt.Sprintf(f, *v)
+	}
+	for _, r := range res {
+		c := r.Cost
+		if c == nil {
+			c = &costSummary{}
+		}
+		waits, prim, capt, tmo := "-", "-", "-", "-"
+		if s := r.Pgryw; s != nil && r.Reads > 0 && r.Writes > 0 {
+			waits = fmt.Sprintf("%.3f", float64(s.Waits)/float64(r.Reads))
+			prim = fmt.Sprintf("%.3f", float64(s.PrimaryReads)/float64(r.Reads))
+			capt = fmt.Sprintf("%.3f", float64(s.Captures)/float64(r.Writes))
+			tmo = fmt.Sprint(s.WaitTimeouts)
+		}
+		fmt.Fprintf(w, row, r.Name, fmt.Sprintf("%.1f", r.ClientCPU), opt(c.PrimaryBackendCPU, "%.1f"), opt(c.ReplicaBackendCPU, "%.1f"),
+			opt(c.PrimaryStatements, "%.3f"), opt(c.ReplicaStatements, "%.3f"), waits, prim, capt, tmo)
+	}
 }

@@ -141,7 +141,7 @@ func parseFlags() (*config, error) {
 	flag.BoolVar(&cfg.mix, "mix", false, "interleave the strategies iteration by iteration within each worker, in a new random order each time, instead of running one strategy at a time (finer interleaving; no server cost per strategy)")
 	flag.BoolVar(&cfg.pgss, "pgss", false, "count the statements each strategy makes the servers run, with pg_stat_statements (loaded into a local cluster; given servers must have it in shared_preload_libraries)")
 	flag.Var(&settings, "conf", "a postgresql.conf line for every node of a local cluster, e.g. -conf \"hot_standby_feedback = off\"; repeatable")
-	flag.BoolVar(&cfg.load, "load", false, "load test: -workers (default 32) run mixed writes and reads for -load-time per strategy; reports throughput and the server connections each node sees")
+	flag.BoolVar(&cfg.load, "load", false, "load test: -workers (default 32) run mixed writes and reads for -load-time per strategy; reports throughput, CPU and statements per operation, and the server connections each node sees")
 	flag.DurationVar(&cfg.loadTime, "load-time", 6*time.Second, "with -load: measured time per strategy, split over -rounds")
 	flag.Float64Var(&cfg.writeShare, "write-share", 0.2, "with -load: share of operations that are writes")
 	flag.Var(&pgrywKeys, "pgryw", "a pgryw DSN key=value added to every pgryw strategy's DSN after rywbench's own, e.g. -pgryw capture=always; repeatable")
@@ -505,7 +505,15 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 		return e, fmt.Errorf("create %s(): %w", portFunction, err)
 	}
 	if cfg.load {
-		return e, setupLoad(ctx, cfg, e)
+		if err := setupLoad(ctx, cfg, e); err != nil {
+			return e, err
+		}
+		// The sampler leaves the meter's connections out by their name.
+		named := func(dsn string) (*sql.DB, error) {
+			return open(withParams(dsn, [][2]string{{"application_name", meterAppName}}))
+		}
+		e.meter, err = newCostMeter(ctx, named, e.primaryDSN, cfg.replicaDSNs, e.dataDirs(), cfg.pgss)
+		return e, err
 	}
 
 	e.pgryws = map[string]*pgrywStrategy{}
