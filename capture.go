@@ -134,7 +134,25 @@ func (cn *Conn) captureLater() bool {
 	case CaptureOnRead:
 		return true
 	}
-	return cn.lastWrite != 0 && cn.lastWrite-1 == cn.c.uses.Load()
+	return cn.lastWrite != 0 && cn.lastWrite-1 == cn.c.uses.Load() && !cn.c.missedLately()
+}
+
+// autoMissPause is how long capture=auto keeps every write's capture after
+// a read had to read a position afresh for another connection's write.
+const autoMissPause = time.Second
+
+// missedLately reports whether, within autoMissPause, a read had to read a
+// position afresh because a write of another connection (or of its
+// Session's, elsewhere) went without its position: capture=auto's guess
+// that nobody would ask was wrong. Under concurrency that guess fails
+// whenever a writer's next statement is again a write (database/sql hands
+// the goroutine the connection it just freed), and the miss costs a round
+// trip to the primary in some other read's path, more than the capture it
+// saved; so, for a while, every write keeps its capture. A run of writes
+// with no reader anywhere misses nothing and keeps going without.
+func (s *clusterScope) missedLately() bool {
+	at := s.autoMiss.Load()
+	return at != 0 && time.Now().UnixNano()-at < int64(autoMissPause)
 }
 
 // captureOwed sends, on its own, the capture this connection's last write
@@ -240,9 +258,18 @@ type primaryPos struct {
 }
 
 // capture reads the primary's WAL insert position with a round trip of its
-// own. Call it only after a commit has returned.
+// own. Call it only after a commit has returned. A connection that knows
+// the primary's block size and timeline asks for the position alone
+// (sqlCaptureLSN), as its ride-along captures do: the timeline of one
+// server connection's writer does not change under it. Behind a
+// transaction pooler, where the next statement may reach another server
+// (after a repoint, a promoted one on a new timeline), it asks for all.
 func capture(ctx context.Context, b *backend) (primaryPos, error) {
-	row, _, err := b.control(ctx, sqlCapture)
+	q := sqlCapture
+	if b.walBlock.Load() != 0 && !b.peer.TxPooled {
+		q = sqlCaptureLSN
+	}
+	row, _, err := b.control(ctx, q)
 	if err != nil {
 		return primaryPos{}, err
 	}

@@ -373,6 +373,9 @@ type clusterScope struct {
 	// tells a write whether its position is likely to be wanted before the
 	// next write's (Conn.captureLater).
 	uses atomic.Uint64
+	// autoMiss: when (unix ns) a read last read a position afresh for a
+	// write elsewhere that had gone without one (missedLately).
+	autoMiss atomic.Int64
 
 	key  string
 	refs int // open connectors; under scopes.mu

@@ -618,6 +618,85 @@ func TestProtocolWriteRunCapturesOnce(t *testing.T) {
 	}
 }
 
+// capture=auto under concurrency: a connection writes twice in a row (the
+// second write goes without its capture), and a read on another connection
+// must then read a position afresh, a round trip of its own in its path,
+// the light one once its connection knows the primary's block size. From
+// then on, for a while, every write keeps its capture, a second one in a
+// row too; without that, a pool whose workers often write twice running
+// (database/sql hands a goroutine back the connection it just freed) pays
+// a round trip in some read for every such write.
+func TestProtocolWriteRunMissKeepsCaptures(t *testing.T) {
+	t.Parallel()
+	pc := newProtoCluster(t, "15.4", "wait_timeout=2s")
+	pc.db.SetMaxOpenConns(2)
+	pc.r.mu.Lock()
+	pc.r.replay = protoLSN
+	pc.r.mu.Unlock()
+	ctx := context.Background()
+	a, err := pc.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := pc.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// recaptures counts the positions read with round trips of their own
+	// on the writer, on any connection.
+	recaptures := func() (n int) {
+		for _, f := range flushes(pc.writer, true) {
+			if reflect.DeepEqual(f.msgs, []string{"Query " + protoCapture}) || reflect.DeepEqual(f.msgs, []string{"Query " + protoCaptureLSN}) {
+				n++
+			}
+		}
+		return n
+	}
+	write := func(what string, want []string) {
+		t.Helper()
+		if _, err := a.ExecContext(ctx, protoInsert, 1); err != nil {
+			t.Fatal(err)
+		}
+		fs := flushes(pc.writer, false)
+		var last flush
+		for _, f := range fs {
+			if len(f.msgs) > 0 && f.msgs[0] == "Bind "+protoInsert {
+				last = f
+			}
+		}
+		if !reflect.DeepEqual(last.msgs, want) {
+			t.Fatalf("%s: writer flush %q, want %q", what, last.msgs, want)
+		}
+	}
+	read := func(what string) {
+		t.Helper()
+		var v string
+		if err := b.QueryRowContext(ctx, protoRead, 7).Scan(&v); err != nil || v != "new" {
+			t.Fatalf("%s: %q, %v", what, v, err)
+		}
+	}
+	read("a first read on b")
+	write("a's first write", cat(insertExec, capFirst))
+	read("b's read after it")
+	write("a's write after a read", cat(insertExec, capLSN1))
+	write("a's second write running", insertExec)
+	read("b's read after a's run")
+	if n := recaptures(); n != 1 {
+		t.Fatalf("%d positions read on their own after a's run, want b's one", n)
+	}
+	write("a's write after the miss", cat(insertExec, []string{"Bind pgryw_lsn", "Execute", "Sync"}))
+	write("a's second write running after the miss", cat(insertExec, []string{"Bind pgryw_lsn", "Execute", "Sync"}))
+	read("b's read after that")
+	if n := recaptures(); n != 1 {
+		t.Errorf("%d positions read on their own in all, want b's one", n)
+	}
+	if st := pc.c.Stats(); st.StaleReads != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
 // capture=on_read: no write carries a capture, not even a connection's
 // first or one after a read. The read after a write sends one on its own
 // as it starts, and its check to the replica while the capture's answer
@@ -719,9 +798,9 @@ func TestProtocolFastPathCapture(t *testing.T) {
 		cat(readW, fast),
 		cat(insertExec, fast),
 		cat(readW, fast),
-		cat(insertExec, fast),     // answered with an error: lost,
-		{"Query " + protoCapture}, // so read again at once
-		cat(readW, capLSN1),       // prepared from then on
+		cat(insertExec, fast),        // answered with an error: lost,
+		{"Query " + protoCaptureLSN}, // so read again at once, the position alone
+		cat(readW, capLSN1),          // prepared from then on
 		cat(insertExec, []string{"Bind pgryw_lsn", "Execute", "Sync"}),
 	}
 	if !reflect.DeepEqual(got, want) {

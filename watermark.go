@@ -211,6 +211,9 @@ func (cn *Conn) recapture(ctx context.Context, skip *pendingCapture, w *wmSource
 	if err := cn.checkPrimary(ctx); err != nil {
 		return err
 	}
+	if w.dbLost || w.csLost {
+		cn.c.autoMiss.Store(time.Now().UnixNano())
+	}
 	seen := cn.lostSeen(ctx)
 	p, err := capture(ctx, cn.primary)
 	if err != nil {
