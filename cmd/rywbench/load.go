@@ -177,6 +177,12 @@ type loadResult struct {
 	WriteP50   float64     `json:"write_p50_ms"`
 	WriteP95   float64     `json:"write_p95_ms"`
 	Conns      []connStats `json:"connections"`
+	// Reads in flight (called and not yet returned), sampled with the
+	// connections: what a replica's connections are judged against.
+	ReadingMax  int     `json:"reads_in_flight_max"`
+	ReadingMean float64 `json:"reads_in_flight_mean"`
+	readingSum  int
+	readingN    int
 	// Per operation: the servers' cost (CPU of their client backends, and
 	// statements with -pgss), the client's CPU (the whole process, in
 	// microseconds), and pgryw's Stats summed over the measured phases.
@@ -329,6 +335,7 @@ func loadSlice(ctx context.Context, cfg *config, e *env, smp *sampler, res *load
 		firstErr                          error
 		readLat, writeLat                 []time.Duration
 	}
+	var reading atomic.Int64 // reads in flight
 	run := func(until time.Time, out *workerOut, seed uint64) {
 		ctx := ctx
 		if res.Name == pgrywSession {
@@ -353,7 +360,9 @@ func loadSlice(ctx context.Context, cfg *config, e *env, smp *sampler, res *load
 				last = id
 				continue
 			}
+			reading.Add(1)
 			v, err := t.read(ctx, last)
+			reading.Add(-1)
 			if err != nil {
 				out.errors++
 				if out.firstErr == nil {
@@ -394,6 +403,11 @@ func loadSlice(ctx context.Context, cfg *config, e *env, smp *sampler, res *load
 						return
 					case <-tick.C:
 					}
+					r := int(reading.Load())
+					res.ReadingMax = max(res.ReadingMax, r)
+					res.readingSum += r
+					res.readingN++
+					res.ReadingMean = float64(res.readingSum) / float64(res.readingN)
 					for i := range smp.dbs {
 						if held, busy, err := smp.count(ctx, i); err == nil {
 							res.Conns[i].add(held, busy)
@@ -464,7 +478,7 @@ func printLoadText(w io.Writer, cfg *config, e *env, res []*loadResult, elapsed,
 	}
 	printLoadCost(w, res)
 	fmt.Fprintf(w, "\nServer connections per node (client backends in pg_stat_activity every %v; held = open, busy = not idle):\n", loadSampleEvery)
-	const crow = "%-15s %-9s %9s %10s %9s %10s\n"
+	const crow = "%-15s %-15s %9s %10s %9s %10s\n"
 	fmt.Fprintf(w, crow, "strategy", "node", "held max", "held mean", "busy max", "busy mean")
 	for _, r := range res {
 		total := 0
@@ -473,9 +487,9 @@ func printLoadText(w io.Writer, cfg *config, e *env, res []*loadResult, elapsed,
 			total += c.HeldMax
 		}
 		fmt.Fprintf(w, crow, r.Name, "all nodes", fmt.Sprint(total), "", "", "")
+		fmt.Fprintf(w, crow, r.Name, "reads in flight", fmt.Sprint(r.ReadingMax), fmt.Sprintf("%.1f", r.ReadingMean), "", "")
 	}
-	fmt.Fprintf(w, "(a pool of M pgryw connections can hold M x (1+N) = %d x %d = %d server connections, plus one monitor connection per replica)\n",
-		cfg.workers, 1+cfg.replicas, cfg.workers*(1+cfg.replicas))
+	fmt.Fprintf(w, "(a pool of M pgryw connections holds M primary connections, and on each replica as many as reads ran there at once, plus the monitor's; reads in flight: called and not returned, all replicas)\n")
 	for _, r := range res {
 		if r.FirstError != "" {
 			fmt.Fprintf(w, "\n%s: %d errors; first: %s\n", r.Name, r.Errors, r.FirstError)
@@ -548,10 +562,10 @@ func loadTargets(res []*loadResult) []loadJudged {
 				continue
 			}
 			st := "PASS"
-			if c.HeldMax > c.BusyMax+2 {
+			if c.HeldMax > r.ReadingMax+2 {
 				st = "FAIL"
 			}
-			out = append(out, loadJudged{st, fmt.Sprintf("%s server connections on %s ≤ peak busy + 2: held %d, busy peak %d", r.Name, c.Node, c.HeldMax, c.BusyMax)})
+			out = append(out, loadJudged{st, fmt.Sprintf("%s server connections on %s ≤ peak reads in flight + 2: held %d, reads in flight peak %d (busy peak %d)", r.Name, c.Node, c.HeldMax, r.ReadingMax, c.BusyMax)})
 		}
 	}
 	return out

@@ -200,8 +200,8 @@ func TestModelSQL(t *testing.T) {
 func TestLoadTargets(t *testing.T) {
 	res := []*loadResult{
 		{Name: loadPerNode, OpsPerSec: 1000},
-		{Name: pgrywName, OpsPerSec: 950, Conns: []connStats{{Node: "primary", HeldMax: 32}, {Node: "replica0", HeldMax: 33, BusyMax: 18}}},
-		{Name: pgrywSession, OpsPerSec: 950, Stale: 1, Conns: []connStats{{Node: "replica0", HeldMax: 5, BusyMax: 3}}},
+		{Name: pgrywName, OpsPerSec: 950, ReadingMax: 18, Conns: []connStats{{Node: "primary", HeldMax: 32}, {Node: "replica0", HeldMax: 33, BusyMax: 2}}},
+		{Name: pgrywSession, OpsPerSec: 950, Stale: 1, ReadingMax: 3, Conns: []connStats{{Node: "replica0", HeldMax: 5, BusyMax: 1}}},
 	}
 	var got []string
 	for _, j := range loadTargets(res) {
@@ -209,9 +209,9 @@ func TestLoadTargets(t *testing.T) {
 	}
 	want := []string{
 		"PASS pgryw throughput ≥ 90% of per-node-pools, 0 stale: 95% (0 stale)",
-		"FAIL pgryw server connections on replica0 ≤ peak busy + 2: held 33, busy peak 18",
+		"FAIL pgryw server connections on replica0 ≤ peak reads in flight + 2: held 33, reads in flight peak 18 (busy peak 2)",
 		"FAIL pgryw-session throughput ≥ 90% of per-node-pools, 0 stale: 95% (1 stale)",
-		"PASS pgryw-session server connections on replica0 ≤ peak busy + 2: held 5, busy peak 3",
+		"PASS pgryw-session server connections on replica0 ≤ peak reads in flight + 2: held 5, reads in flight peak 3 (busy peak 1)",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
