@@ -32,6 +32,17 @@ type backend struct {
 	reset wire.Injection // reset_session's reset, riding in front of a statement
 
 	applied applied // the settings a replica connection's session was given
+	// born: the connector's count of replica connections opened when this
+	// one was (Connector.opened), for Conn.bounds.
+	born uint64
+	// preps: statements of a read-only transaction's prepared on this
+	// replica connection and not closed yet; it is not lent out while
+	// any lives.
+	preps int
+	// custom: a custom parameter was set on this replica connection's
+	// session (armSettings): it keeps a trace another session would not
+	// have, so the connection is not lent to another Conn.
+	custom bool
 
 	// peer is what the connection learned of what it reached when it was
 	// opened (Connector.identify): a pooler in between, the server

@@ -9,7 +9,8 @@ import (
 )
 
 // Conn is one database/sql connection: a primary connection opened at once,
-// and a connection to each replica opened when a read first needs it.
+// and replica connections borrowed from the replicas' idle ones (node.idle)
+// when a read needs them, given back when database/sql takes the Conn back.
 // Statements are routed one by one; see the package documentation.
 type Conn struct {
 	c        *Connector
@@ -33,6 +34,11 @@ type Conn struct {
 	// replays next, so no other may serve the next read before the
 	// connection's watermark is raised to a primary position.
 	unbounded *backend
+	// unboundedAt: Connector.opened when that read's answer was in. A
+	// connection to the same server instance opened by then, and still
+	// open, has lived through that read: its session sees at least what
+	// the read saw (bounds).
+	unboundedAt uint64
 
 	// pending: the capture behind this connection's last statement on the
 	// primary, left to be settled later (deferred.go).
@@ -160,6 +166,7 @@ func (cn *Conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, 
 			return nil, err
 		}
 		st.preps = append(st.preps, prepared{on: t.b, ps: ps})
+		t.b.preps++ // the connection stays with this Conn while it lives
 		if prim != nil {
 			st.preps = append(st.preps, prepared{on: cn.primary, ps: prim})
 		}
@@ -239,8 +246,11 @@ func (cn *Conn) ResetSession(ctx context.Context) error {
 	return nil
 }
 
-// IsValid implements driver.Validator.
+// IsValid implements driver.Validator. database/sql calls it as it takes
+// the connection back: the replica connections it borrowed go back to
+// their replicas' pools then (releaseReplicas).
 func (cn *Conn) IsValid() bool {
+	cn.releaseReplicas()
 	if v, ok := cn.primary.conn.(driver.Validator); ok {
 		return v.IsValid()
 	}

@@ -84,6 +84,9 @@ type Connector struct {
 	// monitorInterval); tests shorten it.
 	monitorEvery time.Duration
 
+	// opened counts the replica connections Conns opened (backend.born).
+	opened atomic.Uint64
+
 	stats   counters
 	over    overload // max_fallback and max_waits (max_replica_lag is topo.lag)
 	log     atomic.Pointer[slog.Logger]

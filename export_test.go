@@ -86,3 +86,15 @@ func SetNoChain(cn *Conn) (n int) {
 	}
 	return n
 }
+
+// CloseIdleReplicaConns closes the replica connections c's Conns gave back
+// and no Conn holds, as if they had broken: the next read dials anew.
+func CloseIdleReplicaConns(c *Connector) {
+	for _, n := range c.topo.replicas {
+		n.idle.drain()
+	}
+}
+
+// IdleReplicaConns is how many replica connections of replica i no Conn of
+// c's holds.
+func IdleReplicaConns(c *Connector, i int) int { return c.topo.replicas[i].idle.size() }

@@ -55,7 +55,7 @@ const (
 	nodeStandby = "ryw_standby()" // pg_is_in_recovery() of the node that ran the read
 )
 
-var nodeProbes = []string{"ryw_port", "ryw_standby"}
+var nodeProbes = []string{"ryw_port", "ryw_standby", "ryw_backend"}
 
 // installNodeProbes creates nodePort and nodeStandby on the writer and
 // waits for the replicas to have them.
@@ -70,6 +70,7 @@ func installNodeProbes(c *pgtest.Cluster) error {
 	for _, q := range []string{
 		"CREATE OR REPLACE FUNCTION ryw_port() RETURNS int STABLE LANGUAGE sql AS 'SELECT inet_server_port()'",
 		"CREATE OR REPLACE FUNCTION ryw_standby() RETURNS boolean STABLE LANGUAGE sql AS 'SELECT pg_is_in_recovery()'",
+		"CREATE OR REPLACE FUNCTION ryw_backend() RETURNS int STABLE LANGUAGE sql AS 'SELECT pg_backend_pid()'",
 	} {
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			return fmt.Errorf("node probes: %s: %w", q, err)

@@ -87,6 +87,9 @@ func (c *Connector) Close() error {
 		cancel()
 		<-done
 	}
+	for _, n := range c.topo.replicas {
+		n.idle.close()
+	}
 	return nil
 }
 

@@ -75,6 +75,81 @@ type node struct {
 	// ups counts the node's returns from down: a connection opened before
 	// the last one most likely died with the server (see Conn.replica).
 	ups atomic.Uint32
+
+	// idle: a replica's server connections that no Conn holds, lent to
+	// one for a read (Conn.replica) and given back when it returns to its
+	// pool (Conn.releaseReplicas).
+	idle lendPool
+}
+
+// lendPool is a replica's idle server connections: a Conn borrows one for
+// its reads and gives it back when database/sql (or the Pool) takes the
+// Conn back, so that a replica holds about as many connections as reads
+// run on it at once, not one per Conn. Last in, first out: a Conn that
+// reads again at once gets the connection it gave back, settings and all.
+type lendPool struct {
+	mu     sync.Mutex
+	idle   []*backend
+	closed bool // the connector closed: what comes back is closed
+}
+
+// get returns an idle connection of the node's up generation ups, or nil;
+// those of an earlier one (opened before the node was last down) are
+// closed on the way.
+func (p *lendPool) get(ups uint32) *backend {
+	for {
+		p.mu.Lock()
+		if len(p.idle) == 0 {
+			p.mu.Unlock()
+			return nil
+		}
+		b := p.idle[len(p.idle)-1]
+		p.idle[len(p.idle)-1] = nil
+		p.idle = p.idle[:len(p.idle)-1]
+		p.mu.Unlock()
+		if b.ups == ups && !b.closed() {
+			return b
+		}
+		b.close()
+	}
+}
+
+// put takes b back, or closes it once the connector is closed.
+func (p *lendPool) put(b *backend) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		b.close()
+		return
+	}
+	p.idle = append(p.idle, b)
+	p.mu.Unlock()
+}
+
+// close closes every idle connection, and those given back later.
+func (p *lendPool) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.drain()
+}
+
+// drain closes every idle connection.
+func (p *lendPool) drain() {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, b := range idle {
+		b.close()
+	}
+}
+
+// size is how many idle connections the pool holds.
+func (p *lendPool) size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle)
 }
 
 // node.fastState values.

@@ -34,6 +34,7 @@ func (c *PoolConn) Release() {
 	c.res = nil
 	p := c.p
 	cn := res.Value().cn
+	cn.releaseReplicas()
 	if !cn.reusable() {
 		res.Destroy()
 		p.dropped()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/pgryw/pgryw"
 	"github.com/pgryw/pgryw/internal/pgfake"
 	"github.com/pgryw/pgryw/internal/wire"
 )
@@ -125,6 +126,7 @@ func TestProtocolCloseDrainsRideAlong(t *testing.T) {
 	if err := db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "old" {
 		t.Fatalf("read: %q, %v", v, err)
 	}
+	db.Close() // and with it the replica connections given back
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		var held, terminated, early int
@@ -215,15 +217,15 @@ func (ir *instanceReplica) set(inst, pos string) {
 // instanceCluster starts a fake writer and one fake standby address (that
 // looks like a pooler with pooled), and a pool on them with a short
 // budget.
-func instanceCluster(t *testing.T, pooled bool) (*sql.DB, *instanceReplica, *pgfake.Server) {
+func instanceCluster(t *testing.T, pooled bool) (*sql.DB, *instanceReplica, *pgfake.Server, *pgryw.Connector) {
 	t.Helper()
 	writer := fakeWriter(t)
 	ir := &instanceReplica{r: protoReplica{replay: protoStart, status: "success"}, pos: map[string]string{}}
 	srv := fakeServer(t, pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: ir.handle, Pooled: pooled})
-	db, _ := openDSN(t, fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 wait_timeout=30ms replicas=%s",
+	db, c := openDSN(t, fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 wait_timeout=30ms replicas=%s",
 		writer.Host(), writer.Port(), srv.Addr()))
 	db.SetMaxOpenConns(1)
-	return db, ir, srv
+	return db, ir, srv, c
 }
 
 func readOnce(t *testing.T, db *sql.DB, what string) string {
@@ -242,7 +244,7 @@ func readOnce(t *testing.T, db *sql.DB, what string) string {
 // check again. Without the instance binding the new connection's read
 // skipped its check and returned the row as it was before the write.
 func TestProtocolAddressLeadsToAnotherInstance(t *testing.T) {
-	db, ir, srv := instanceCluster(t, false)
+	db, ir, srv, c := instanceCluster(t, false)
 	ir.set("A", protoLSN)
 	srv.SetInstance("A")
 	if _, err := db.Exec(protoInsert, 1); err != nil {
@@ -254,8 +256,9 @@ func TestProtocolAddressLeadsToAnotherInstance(t *testing.T) {
 	// B has not replayed the write; new connections reach B.
 	ir.set("B", protoBehind)
 	srv.SetInstance("B")
-	db.SetMaxIdleConns(0) // the pool's connection (and its replica connection to A) goes
+	db.SetMaxIdleConns(0) // the pool's connection goes,
 	db.SetMaxIdleConns(2)
+	pgryw.CloseIdleReplicaConns(c) // and the replica connection to A it gave back
 	if v := readOnce(t, db, "read on B"); v == "old" {
 		t.Fatal("the read on the other instance skipped its check and returned the row before the write")
 	}
@@ -269,7 +272,7 @@ func TestProtocolAddressLeadsToAnotherInstance(t *testing.T) {
 // can change at any transaction's end: its replay position may go down
 // while the connection stays up. Every replica read carries its check.
 func TestProtocolPooledReplicaChecksEveryRead(t *testing.T) {
-	db, ir, srv := instanceCluster(t, true)
+	db, ir, srv, _ := instanceCluster(t, true)
 	ir.set("fake", protoLSN)
 	if _, err := db.Exec(protoInsert, 1); err != nil {
 		t.Fatal(err)

@@ -18,24 +18,64 @@ import (
 // what the read saw, which becomes the connection's floor for its next
 // read (monotonic reads).
 
-// replica returns this connection's backend for replica n, connecting on
-// first use, and anew when n was down since the connection was opened.
+// replica returns this connection's backend for replica n: the one it
+// holds, else one borrowed from n's idle connections, else a new one; a
+// held one opened before n was last down is replaced.
 func (cn *Conn) replica(ctx context.Context, n *node) (*backend, error) {
+	ups := n.ups.Load()
 	if b := cn.replicas[n.index]; b != nil {
-		if !b.closed() && b.ups == n.ups.Load() {
+		if !b.closed() && b.ups == ups {
 			return b, nil
 		}
 		b.close()
 		cn.replicas[n.index] = nil
+	}
+	if b := n.idle.get(ups); b != nil {
+		cn.replicas[n.index] = b
+		return b, nil
 	}
 	dc, err := cn.c.dial(ctx, n, forConn)
 	if err != nil {
 		return nil, err
 	}
 	b := newBackend(dc, n)
+	b.born = cn.c.opened.Add(1)
 	cn.replicas[n.index] = b
 	return b, nil
 }
+
+// releaseReplicas gives the replica connections this connection holds
+// back to their replicas' pools, for any Conn's next read: all but one
+// that still serves it (a read-only transaction, rows still open, a
+// statement prepared there), that is out of step, or that was given a
+// custom parameter (app.tenant): a session that had one keeps it defined,
+// as ”, after a reset, where a new session has none. A replay poll left
+// riding behind its last read is settled first (it bounds what the read
+// saw); it is normally in by now.
+func (cn *Conn) releaseReplicas() {
+	if cn.tx != nil {
+		return
+	}
+	for i, b := range cn.replicas {
+		if b == nil {
+			continue
+		}
+		if cn.poll.b == b {
+			ctx, cancel := context.WithTimeout(context.Background(), releaseWait)
+			cn.settlePoll(ctx)
+			cancel()
+		}
+		if b.closed() || b.preps > 0 || b.custom || !b.idle() || b.pg.IsBusy() {
+			continue
+		}
+		cn.replicas[i] = nil
+		b.node.idle.put(b)
+	}
+}
+
+// releaseWait bounds how long releaseReplicas waits for a poll's answer: a
+// connection whose answer does not come by then is closed.
+const releaseWait = time.Second
 
 func (cn *Conn) dropReplica(b *backend) {
 	if cn.replicas[b.node.index] == b {
@@ -313,7 +353,7 @@ func (r *replicaRead) try(a *attempt, check, stale bool) (outcome, error) {
 	if b.peer.TxPooled && len(cn.sess.set.names) > 0 {
 		return outSettingsPooled, nil
 	}
-	if u := cn.unbounded; u != nil && u != b {
+	if u := cn.unbounded; u != nil && !cn.bounds(u, b) {
 		return outUnbounded, nil
 	}
 	if r.spec != nil && !stale && (cn.pending != r.spec || cn.c.methodFor(b) != WaitPoll) {
@@ -336,6 +376,18 @@ func (r *replicaRead) try(a *attempt, check, stale bool) (outcome, error) {
 		return o, nil
 	}
 	return r.answer(a), nil
+}
+
+// bounds reports whether a read on b sees at least what this connection's
+// last replica read, unbounded on u, saw: b is u, or a connection to the
+// same server instance that was open when that read's answer was in (the
+// connections lent from a replica's pool are): one that lived through the
+// read and is still open has seen no restart since, which could take the
+// server back to an earlier consistent point, and replay only moves
+// forward. If b was closed meanwhile, the read on it fails, and the next
+// connection is checked again.
+func (cn *Conn) bounds(u, b *backend) bool {
+	return u == b || u.node == b.node && u.peer.Instance != 0 && b.peer.Instance == u.peer.Instance && b.born <= cn.unboundedAt
 }
 
 // whole reads the whole watermark before the read: the capture was settled

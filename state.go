@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -112,6 +113,12 @@ type settings struct {
 	refused       uint64   // the version a replica would not take; 0: none
 	tracked       []string // names SET, RESET or set_config named (sqlState's $1)
 }
+
+// settingsVersions numbers every change of any connection's settings: a
+// replica connection lent from one Conn to another (lendPool) has the
+// settings of a version of the first's, which no other Conn's equals, so
+// armSettings gives it the second's, resetting the rest.
+var settingsVersions atomic.Uint64
 
 // applied is what a replica connection's session was given.
 type applied struct {
@@ -234,7 +241,7 @@ func (cn *Conn) readState(inj *wire.Injection) (pinReason, bool) {
 	}
 	if !slices.Equal(names, set.names) || !slices.Equal(values, set.values) {
 		set.names, set.values = names, values
-		set.version++
+		set.version = settingsVersions.Add(1)
 	}
 	if set.refused != 0 && set.refused == set.version {
 		pins |= pinSettings
@@ -376,7 +383,7 @@ func (cn *Conn) readBackNow(ctx context.Context, why string) {
 func (cn *Conn) dropSessionState(pins pinReason, why string) {
 	set := &cn.sess.set
 	set.names, set.values, set.tracked = nil, nil, nil
-	set.version++
+	set.version = settingsVersions.Add(1)
 	cn.setPins(pins, why)
 }
 
@@ -440,6 +447,12 @@ func (cn *Conn) armSettings(b *backend) *wire.Injection {
 		return nil
 	}
 	b.applied.pending = names[:kept]
+	for _, n := range names {
+		// A custom parameter (app.tenant) stays defined in the session
+		// once set, as '' after a reset where a new session has none:
+		// the connection is not lent to another Conn (releaseReplicas).
+		b.custom = b.custom || strings.Contains(n, ".")
+	}
 	inj := b.injectPrepared(&b.state, stmtSettings, sqlApplySettings, textArray(names, nil), textArray(values, null))
 	b.wire.Prefix(inj)
 	return inj

@@ -42,6 +42,9 @@ func (s *stmt) via(b *backend) driver.Stmt {
 func (s *stmt) Close() error {
 	var first error
 	for _, p := range s.preps {
+		if p.on.node.index >= 0 {
+			p.on.preps-- // a replica's: it may be lent again once none is left
+		}
 		if !p.on.closed() {
 			if err := p.ps.Close(); err != nil && first == nil {
 				first = err
