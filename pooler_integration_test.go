@@ -365,7 +365,10 @@ func repointRound(t *testing.T, bs *bouncers, table, extra string, n int) (stale
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	db.SetMaxIdleConns(0) // every read on a connection opened after the repoint
+	// Every read on connections opened after the repoint: the pool's, and
+	// the replica connections they gave back (lent to the next reads).
+	db.SetMaxIdleConns(0)
+	pgryw.CloseIdleReplicaConns(c)
 	for i, id := range ids {
 		var got int64
 		err := db.QueryRow("SELECT id FROM "+table+" WHERE id = $1", id).Scan(&got)
