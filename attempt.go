@@ -100,7 +100,7 @@ func (cn *Conn) finishRead(ctx context.Context, b *backend, inj *wire.Injection,
 		switch {
 		case !trail || !cn.c.cfg.ReadYourWrites:
 		case !cn.c.trailPolls() && !b.peer.TxPooled:
-			cn.unbounded, cn.unboundedAt = b, cn.c.opened.Load()
+			cn.unbounded, cn.unboundedAt, cn.unboundedInst = b, cn.c.opened.Load(), b.peer.Instance
 		case b.wire != nil:
 			cn.markLost(ctx, false)
 		}

@@ -39,6 +39,9 @@ type Conn struct {
 	// open, has lived through that read: its session sees at least what
 	// the read saw (bounds).
 	unboundedAt uint64
+	// unboundedInst: that connection's server instance (its peer's,
+	// copied: once lent on, another Conn may learn more of it).
+	unboundedInst uint64
 
 	// pending: the capture behind this connection's last statement on the
 	// primary, left to be settled later (deferred.go).
@@ -90,6 +93,8 @@ type Conn struct {
 	// than on the caller's stack, where the escape analysis would not keep
 	// it: a replica read allocates nothing of pgryw's own.
 	op stmtOp
+
+	closed bool // Close has run
 }
 
 // startOp makes o the connection's replicaOp for one onReplica call; the
@@ -109,6 +114,13 @@ func (cn *Conn) Close() error {
 		if b != nil {
 			b.close()
 			cn.replicas[i] = nil
+		}
+	}
+	if !cn.closed {
+		cn.closed = true
+		open := int(cn.c.conns.Add(-1))
+		for _, n := range cn.c.topo.replicas {
+			n.idle.trim(open)
 		}
 	}
 	return err

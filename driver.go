@@ -86,6 +86,9 @@ type Connector struct {
 
 	// opened counts the replica connections Conns opened (backend.born).
 	opened atomic.Uint64
+	// conns counts the Conns open: the most idle connections each
+	// replica's lendPool keeps.
+	conns atomic.Int64
 
 	stats   counters
 	over    overload // max_fallback and max_waits (max_replica_lag is topo.lag)
@@ -469,6 +472,7 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 		return nil, err
 	}
 	c.startMonitor()
+	c.conns.Add(1)
 	return &Conn{c: c, primary: newBackend(wc, c.topo.primary), replicas: make([]*backend, len(c.topo.replicas))}, nil
 }
 

@@ -149,6 +149,11 @@ func (c *Connector) watch(ctx context.Context, n *node) {
 		probed := w.probe(ctx, time.Now())
 		c.noteHealth(n)
 		w.settle(probed)
+		if n.notStandby.Load() || n.foreign.Load() || n.down.Load() {
+			// Out of reads: its idle connections lead to a primary, to
+			// another cluster, or nowhere.
+			n.idle.drain()
+		}
 	}
 }
 

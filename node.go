@@ -2,6 +2,7 @@ package pgryw
 
 import (
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,6 +88,9 @@ type node struct {
 // Conn back, so that a replica holds about as many connections as reads
 // run on it at once, not one per Conn. Last in, first out: a Conn that
 // reads again at once gets the connection it gave back, settings and all.
+// It holds at most as many as the connector has Conns open, so the limits
+// the application puts on its pool (idle connections, lifetime, idle
+// time) bound the replicas' connections too: each Conn closed trims it.
 type lendPool struct {
 	mu     sync.Mutex
 	idle   []*backend
@@ -114,16 +118,35 @@ func (p *lendPool) get(ups uint32) *backend {
 	}
 }
 
-// put takes b back, or closes it once the connector is closed.
-func (p *lendPool) put(b *backend) {
+// put takes b back, or closes it once the connector is closed or when the
+// pool already holds most idle connections.
+func (p *lendPool) put(b *backend, most int) {
 	p.mu.Lock()
-	if p.closed {
+	if p.closed || len(p.idle) >= most {
 		p.mu.Unlock()
 		b.close()
 		return
 	}
 	p.idle = append(p.idle, b)
 	p.mu.Unlock()
+}
+
+// trim closes the idle connections beyond most, those given back longest
+// ago first.
+func (p *lendPool) trim(most int) {
+	p.mu.Lock()
+	n := len(p.idle) - max(most, 0)
+	if n <= 0 {
+		p.mu.Unlock()
+		return
+	}
+	old := slices.Clone(p.idle[:n])
+	p.idle = append(p.idle[:0], p.idle[n:]...)
+	clear(p.idle[len(p.idle):cap(p.idle)])
+	p.mu.Unlock()
+	for _, b := range old {
+		b.close()
+	}
 }
 
 // close closes every idle connection, and those given back later.

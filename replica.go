@@ -69,7 +69,7 @@ func (cn *Conn) releaseReplicas() {
 			continue
 		}
 		cn.replicas[i] = nil
-		b.node.idle.put(b)
+		b.node.idle.put(b, int(cn.c.conns.Load()))
 	}
 }
 
@@ -387,7 +387,7 @@ func (r *replicaRead) try(a *attempt, check, stale bool) (outcome, error) {
 // forward. If b was closed meanwhile, the read on it fails, and the next
 // connection is checked again.
 func (cn *Conn) bounds(u, b *backend) bool {
-	return u == b || u.node == b.node && u.peer.Instance != 0 && b.peer.Instance == u.peer.Instance && b.born <= cn.unboundedAt
+	return u == b || u.node == b.node && cn.unboundedInst != 0 && b.peer.Instance == cn.unboundedInst && b.born <= cn.unboundedAt
 }
 
 // whole reads the whole watermark before the read: the capture was settled

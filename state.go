@@ -428,25 +428,36 @@ func (cn *Conn) armSettings(b *backend) *wire.Injection {
 	if b.wire == nil || b.applied.version == set.version || b.peer.TxPooled {
 		return nil
 	}
+	// The names the session had and will not keep are reset first
+	// (session_authorization and role before the rest: resetting either
+	// resets the role), then the connection's own are set, in their order:
+	// a reset after them would undo a SET ROLE of theirs, and a lent
+	// connection's last user may have had another role.
 	var names, values []string
 	var null []bool
+	var keep []string
 	for i, n := range set.names {
-		if refusedByStandbys(n, set.values[i]) {
-			continue
+		if !refusedByStandbys(n, set.values[i]) {
+			keep = append(keep, n)
 		}
-		names, values, null = append(names, n), append(values, set.values[i]), append(null, false)
 	}
-	kept := len(names) // what the replica session has once they take; the rest are reset
 	for _, n := range b.applied.names {
-		if !slices.Contains(names, n) {
+		if !slices.Contains(keep, n) {
 			names, values, null = append(names, n), append(values, ""), append(null, true)
+		}
+	}
+	slices.SortStableFunc(names, func(a, b string) int { return applyRank(a) - applyRank(b) })
+	resets := len(names)
+	for i, n := range set.names {
+		if !refusedByStandbys(n, set.values[i]) {
+			names, values, null = append(names, n), append(values, set.values[i]), append(null, false)
 		}
 	}
 	if len(names) == 0 {
 		b.applied = applied{version: set.version}
 		return nil
 	}
-	b.applied.pending = names[:kept]
+	b.applied.pending = names[resets:] // what the session has once they take
 	for _, n := range names {
 		// A custom parameter (app.tenant) stays defined in the session
 		// once set, as '' after a reset where a new session has none:

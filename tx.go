@@ -254,6 +254,12 @@ func (t *tx) note(op *stmtOp, cls *sqlclass.Result, err error) {
 			if cls.Tx == sqlclass.TxSavepoint && strings.HasPrefix(strings.ToUpper(strings.TrimSpace(query)), "ROLLBACK") {
 				t.aborted = false
 			}
+			if strings.Contains(strings.ToUpper(query), "LOCAL") {
+				// SET LOCAL app.x leaves app.x defined, as '', in the
+				// session once the transaction ends, where a new session
+				// has none: the connection is not lent to another Conn.
+				t.b.custom = true
+			}
 			t.local = append(t.local, replayed{query: query, args: slices.Clone(op.args), pargs: slices.Clone(op.pargs), pgx: op.native(), batch: op.batch})
 		}
 		return
