@@ -731,9 +731,17 @@ func TestProtocolCaptureOnRead(t *testing.T) {
 			t.Fatal("no check reached the replica while the capture was on its way")
 		}
 	}
-	fs := flushes(pc.writer, false)
-	if last := fs[len(fs)-1].msgs; !reflect.DeepEqual(last, capFirst) {
-		t.Fatalf("before the read the writer got %q, want the capture alone", last)
+	// The capture was sent first, but the fake writer may record it a
+	// moment after the replica recorded the check (CI at 113c27a).
+	for dl := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+		fs := flushes(pc.writer, false)
+		last := fs[len(fs)-1].msgs
+		if reflect.DeepEqual(last, capFirst) {
+			break
+		}
+		if time.Now().After(dl) {
+			t.Fatalf("before the read the writer got %q, want the capture alone", last)
+		}
 	}
 	select {
 	case err := <-got:
