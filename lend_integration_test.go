@@ -24,7 +24,13 @@ func TestIntegrationLentReplicaConnections(t *testing.T) {
 	ctx := context.Background()
 	pgtest.Require(t, cluster)
 	app := fmt.Sprintf("pgryw_lend_%d", time.Now().UnixNano())
-	db, c := openDSN(t, cluster.WriterDSN()+"&application_name="+app+"&replicas="+cluster.ReplicaAddrs()[0])
+	// The SETs' positions bound the reads after them (monotonic reads):
+	// a replica still replaying an earlier test's writes must not send
+	// them to the primary.
+	if err := cluster.WaitCaughtUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db, c := openDSN(t, cluster.WriterDSN()+"&application_name="+app+"&wait_timeout=10s&replicas="+cluster.ReplicaAddrs()[0])
 	db.SetMaxOpenConns(8)
 	db.SetMaxIdleConns(8)
 	var conns []*sql.Conn
@@ -50,8 +56,10 @@ func TestIntegrationLentReplicaConnections(t *testing.T) {
 			exec(cn, "SET app.lend_probe = 'five'")
 		}
 		var pid int
-		if !onReplica(t, ctx, cn, "SELECT ryw_backend()", &pid) {
-			t.Fatalf("conn %d: the read did not run on the replica", i)
+		var by pgryw.ServedBy
+		sctx := pgryw.WithServedBy(ctx, func(_ context.Context, s pgryw.ServedBy) { by = s })
+		if !onReplica(t, sctx, cn, "SELECT ryw_backend()", &pid) {
+			t.Fatalf("conn %d: the read did not run on the replica: %+v; stats %+v", i, by, c.Stats())
 		}
 		pids[pid] = true
 		var path string
@@ -100,7 +108,10 @@ func TestIntegrationLentReplicaConnections(t *testing.T) {
 func twoLendConns(t *testing.T, extra string) (*sql.DB, *pgryw.Connector, *sql.Conn, *sql.Conn) {
 	t.Helper()
 	pgtest.Require(t, cluster)
-	db, c := openDSN(t, cluster.WriterDSN()+"&replicas="+cluster.ReplicaAddrs()[0]+extra)
+	if err := cluster.WaitCaughtUp(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	db, c := openDSN(t, cluster.WriterDSN()+"&wait_timeout=10s&replicas="+cluster.ReplicaAddrs()[0]+extra)
 	db.SetMaxOpenConns(2)
 	db.SetMaxIdleConns(2)
 	ctx := context.Background()

@@ -261,17 +261,25 @@ func (p *WaitForProxy) Close() error {
 	return err
 }
 
-// sideConn takes one of the proxy's own connections to the standby.
+// sideConn takes one of the proxy's own connections to the standby: an
+// idle one that still answers (a test may have terminated the standby's
+// backends, or restarted it, since it was last used), or a new one.
 func (p *WaitForProxy) sideConn(ctx context.Context) (*pgx.Conn, error) {
-	p.mu.Lock()
-	if n := len(p.side); n > 0 {
+	for {
+		p.mu.Lock()
+		n := len(p.side)
+		if n == 0 {
+			p.mu.Unlock()
+			return pgx.Connect(ctx, p.opts.DSN)
+		}
 		c := p.side[n-1]
 		p.side = p.side[:n-1]
 		p.mu.Unlock()
-		return c, nil
+		if err := c.Ping(ctx); err == nil {
+			return c, nil
+		}
+		c.Close(context.Background())
 	}
-	p.mu.Unlock()
-	return pgx.Connect(ctx, p.opts.DSN)
 }
 
 // putSide gives a connection back, or closes it after an error.
