@@ -346,6 +346,11 @@ func firstWords(q string) string {
 
 func (b *backend) close() error { return b.conn.Close() }
 
+// current reports whether b, a replica connection, is open and was opened
+// in its node's up generation ups (one opened before the node was last
+// down most likely died with the server).
+func (b *backend) current(ups uint32) bool { return !b.closed() && b.ups == ups }
+
 // slot is one reusable ride-along statement and its messages' buffer.
 type slot struct {
 	inj   wire.Injection

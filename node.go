@@ -111,7 +111,7 @@ func (p *lendPool) get(ups uint32) *backend {
 		p.idle[len(p.idle)-1] = nil
 		p.idle = p.idle[:len(p.idle)-1]
 		p.mu.Unlock()
-		if b.ups == ups && !b.closed() {
+		if b.current(ups) {
 			return b
 		}
 		b.close()

@@ -24,7 +24,7 @@ import (
 func (cn *Conn) replica(ctx context.Context, n *node) (*backend, error) {
 	ups := n.ups.Load()
 	if b := cn.replicas[n.index]; b != nil {
-		if !b.closed() && b.ups == ups {
+		if b.current(ups) {
 			return b, nil
 		}
 		b.close()

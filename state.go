@@ -433,14 +433,14 @@ func (cn *Conn) armSettings(b *backend) *wire.Injection {
 	// resets the role), then the connection's own are set, in their order:
 	// a reset after them would undo a SET ROLE of theirs, and a lent
 	// connection's last user may have had another role.
-	var names, values []string
-	var null []bool
-	var keep []string
+	var keep, keepValues []string
 	for i, n := range set.names {
 		if !refusedByStandbys(n, set.values[i]) {
-			keep = append(keep, n)
+			keep, keepValues = append(keep, n), append(keepValues, set.values[i])
 		}
 	}
+	var names, values []string
+	var null []bool
 	for _, n := range b.applied.names {
 		if !slices.Contains(keep, n) {
 			names, values, null = append(names, n), append(values, ""), append(null, true)
@@ -448,11 +448,8 @@ func (cn *Conn) armSettings(b *backend) *wire.Injection {
 	}
 	slices.SortStableFunc(names, func(a, b string) int { return applyRank(a) - applyRank(b) })
 	resets := len(names)
-	for i, n := range set.names {
-		if !refusedByStandbys(n, set.values[i]) {
-			names, values, null = append(names, n), append(values, set.values[i]), append(null, false)
-		}
-	}
+	names, values = append(names, keep...), append(values, keepValues...)
+	null = append(null, make([]bool, len(keep))...)
 	if len(names) == 0 {
 		b.applied = applied{version: set.version}
 		return nil

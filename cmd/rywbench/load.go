@@ -571,19 +571,6 @@ func loadTargets(res []*loadResult) []loadJudged {
 	return out
 }
 
-// addStats adds d to s, field by field (those statsDiff takes).
-func addStats(s *pgryw.Stats, d pgryw.Stats) {
-	s.ReplicaReads += d.ReplicaReads
-	s.PrimaryReads += d.PrimaryReads
-	s.Fallbacks += d.Fallbacks
-	s.StaleReads += d.StaleReads
-	s.BehindErrors += d.BehindErrors
-	s.Waits += d.Waits
-	s.WaitTimeouts += d.WaitTimeouts
-	s.Captures += d.Captures
-	s.CaptureFailures += d.CaptureFailures
-}
-
 // printLoadCost prints what each operation cost: the client's CPU, the
 // servers' (client backends', less their background), statements with
 // -pgss, and what pgryw's Stats counted, per operation.

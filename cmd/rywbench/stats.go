@@ -154,16 +154,22 @@ func fmtMS(v float64) string {
 }
 
 // statsDiff returns a - b, field by field.
-func statsDiff(a, b pgryw.Stats) pgryw.Stats {
+func statsDiff(a, b pgryw.Stats) pgryw.Stats { return statsPlus(a, b, -1) }
+
+// addStats adds d to *s, field by field.
+func addStats(s *pgryw.Stats, d pgryw.Stats) { *s = statsPlus(*s, d, 1) }
+
+// statsPlus returns a + k·b for the counters rywbench reports.
+func statsPlus(a, b pgryw.Stats, k int64) pgryw.Stats {
 	return pgryw.Stats{
-		ReplicaReads:    a.ReplicaReads - b.ReplicaReads,
-		PrimaryReads:    a.PrimaryReads - b.PrimaryReads,
-		Fallbacks:       a.Fallbacks - b.Fallbacks,
-		StaleReads:      a.StaleReads - b.StaleReads,
-		BehindErrors:    a.BehindErrors - b.BehindErrors,
-		Waits:           a.Waits - b.Waits,
-		WaitTimeouts:    a.WaitTimeouts - b.WaitTimeouts,
-		Captures:        a.Captures - b.Captures,
-		CaptureFailures: a.CaptureFailures - b.CaptureFailures,
+		ReplicaReads:    a.ReplicaReads + k*b.ReplicaReads,
+		PrimaryReads:    a.PrimaryReads + k*b.PrimaryReads,
+		Fallbacks:       a.Fallbacks + k*b.Fallbacks,
+		StaleReads:      a.StaleReads + k*b.StaleReads,
+		BehindErrors:    a.BehindErrors + k*b.BehindErrors,
+		Waits:           a.Waits + k*b.Waits,
+		WaitTimeouts:    a.WaitTimeouts + k*b.WaitTimeouts,
+		Captures:        a.Captures + k*b.Captures,
+		CaptureFailures: a.CaptureFailures + k*b.CaptureFailures,
 	}
 }
