@@ -74,7 +74,7 @@ func TestLagAndETA(t *testing.T) {
 	topo.hist.add(200, now-20*ms, 1)
 	// The replica is seen at 100 now; the primary was past 100 (at 200) 20 ms
 	// ago: it is at least 20 ms behind.
-	topo.observe(n, 0, 100, now)
+	topo.observe(n, 0, 100, now, now)
 	if got := n.lag.Load(); got != 20*ms {
 		t.Fatalf("lag %v, want 20ms", time.Duration(got))
 	}
@@ -105,12 +105,12 @@ func TestLagAndETA(t *testing.T) {
 	// Caught up with every position known, a fresh lag is kept (the next
 	// write's wait is predicted by it), within the bound the last position
 	// gives: the primary was there 20 ms ago.
-	topo.observe(n, 0, 200, now)
+	topo.observe(n, 0, 200, now, now)
 	if got := n.lag.Load(); got != 10*ms {
 		t.Fatalf("lag after a caught-up poll %v, want 10ms kept", time.Duration(got))
 	}
 	topo.hist.add(300, now-ms, 1)
-	topo.observe(n, 0, 300, now)
+	topo.observe(n, 0, 300, now, now)
 	if got := n.lag.Load(); got != ms {
 		t.Fatalf("lag after a caught-up poll %v, want 1ms (the primary was at 300 1 ms ago)", time.Duration(got))
 	}
@@ -119,7 +119,7 @@ func TestLagAndETA(t *testing.T) {
 	if _, ok := topo.eta(n, 200); ok {
 		t.Fatal("eta from a stale lag")
 	}
-	topo.observe(n, 0, 300, now)
+	topo.observe(n, 0, 300, now, now)
 	if got := n.lag.Load(); got != 0 {
 		t.Fatalf("lag after a caught-up poll with a stale measurement %v, want 0", time.Duration(got))
 	}
@@ -406,7 +406,7 @@ func TestPollAtAndLagBounds(t *testing.T) {
 	// A poll finds it behind: the lower bound rises to 14 ms, the upper
 	// comes down to the poll's 15 ms.
 	topo.hist.add(200, now-4*ms, 1)
-	topo.observe(n, 0, 100, now+10*ms)
+	topo.observe(n, 0, 100, now+10*ms, now+10*ms)
 	if lo, hi := n.lag.Load(), n.lagHigh.Load(); lo != 14*ms || hi != 15*ms {
 		t.Fatalf("bounds %v..%v after a poll found it behind, want 14ms..15ms", time.Duration(lo), time.Duration(hi))
 	}
@@ -416,13 +416,13 @@ func TestPollAtAndLagBounds(t *testing.T) {
 	}
 	// A poll finding it behind by more than the upper bound replaces it
 	// with its own: the primary was at 100 35 ms before.
-	topo.observe(n, 0, 100, now+30*ms)
+	topo.observe(n, 0, 100, now+30*ms, now+30*ms)
 	if got := n.lagHigh.Load(); got != 35*ms {
 		t.Fatalf("upper bound %v after a lower bound above it, want the poll's own 35ms", time.Duration(got))
 	}
 	// Caught up, a weaker lower bound does not replace a fresh one, nor a
 	// weaker upper bound a fresh one.
-	topo.observe(n, 0, 200, now+31*ms)
+	topo.observe(n, 0, 200, now+31*ms, now+31*ms)
 	if lo, hi := n.lag.Load(), n.lagHigh.Load(); lo != 34*ms || hi != 35*ms {
 		t.Fatalf("bounds %v..%v, want 34ms..35ms kept", time.Duration(lo), time.Duration(hi))
 	}

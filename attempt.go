@@ -166,7 +166,7 @@ func (cn *Conn) applyPoll(ctx context.Context, b *backend, inj *wire.Injection) 
 		cn.markLost(ctx, false)
 		return
 	}
-	cn.c.topo.observe(b.node, b.peer.Instance, l, time.Now().UnixNano())
+	cn.c.topo.observe(b.node, b.peer.Instance, l, inj.SentAt(), time.Now().UnixNano())
 	cn.sess.wm.Advance(l)
 }
 

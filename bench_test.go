@@ -56,7 +56,7 @@ func BenchmarkRouteDecision(b *testing.B) {
 	}
 	now := time.Now().UnixNano()
 	for i, n := range c.topo.replicas {
-		c.topo.observe(n, 0, 0x3000000+lsnFor(i), now)
+		c.topo.observe(n, 0, 0x3000000+lsnFor(i), now, now)
 	}
 	c.db.wm.Advance(0x3000010)
 	q := benchStatements[0]

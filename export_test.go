@@ -25,7 +25,8 @@ func Observe(c *Connector, i int, pos string) {
 	if err != nil {
 		panic(err)
 	}
-	c.topo.observe(c.topo.replicas[i], 0, l, time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	c.topo.observe(c.topo.replicas[i], 0, l, now, now)
 }
 
 // PoolWatermark returns c's pool-wide watermark (session_scope=db).

@@ -295,6 +295,7 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 	if b.major >= 19 {
 		q = sqlRecovery
 	}
+	sent := time.Now().UnixNano()
 	row, null, err := b.control(ctx, q)
 	if err != nil {
 		if isRefusal(err) {
@@ -309,7 +310,7 @@ func (c *Connector) probe(ctx context.Context, n *node, b *backend) *backend {
 		}
 		return nil
 	}
-	c.probed(ctx, n, b, row, null)
+	c.probed(ctx, n, b, row, null, sent)
 	return b
 }
 
@@ -345,9 +346,9 @@ func (c *Connector) probeConn(ctx context.Context, n *node, b *backend) *backend
 	return newBackend(dc, n)
 }
 
-// probed takes in a probe's answer: n answers, is or is not a standby, and
-// has replayed what it says.
-func (c *Connector) probed(ctx context.Context, n *node, b *backend, row []string, null []bool) {
+// probed takes in a probe's answer, sent at sent: n answers, is or is not a
+// standby, and has replayed what it says.
+func (c *Connector) probed(ctx context.Context, n *node, b *backend, row []string, null []bool, sent int64) {
 	r, err := parseRecovery(row, null)
 	l, known := r.replay, r.known
 	if cur, inst := n.replay.load(); err == nil && r.inRecovery && known && l < cur && inst == b.peer.Instance {
@@ -369,7 +370,7 @@ func (c *Connector) probed(ctx context.Context, n *node, b *backend, row []strin
 	n.notStandby.Store(false)
 	c.checkSystem(ctx, n, b)
 	if known && !n.foreign.Load() {
-		c.topo.observe(n, b.peer.Instance, l, time.Now().UnixNano())
+		c.topo.observe(n, b.peer.Instance, l, sent, time.Now().UnixNano())
 	}
 }
 

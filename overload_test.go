@@ -258,13 +258,13 @@ func TestMaxReplicaLagRoutes(t *testing.T) {
 			// Known to have what the primary had 3s ago.
 			c.topo.lag.samples.add(100, now-3*int64(time.Second))
 			c.topo.lag.samples.add(200, now-int64(time.Millisecond))
-			c.topo.observe(r, 0, 100, now)
+			c.topo.observe(r, 0, 100, now, now)
 			expect(tc.replica)
 			_, err = readOne(t, mc.db)
 			check("3s behind", err)
 
 			// Known to have what the primary had a moment ago.
-			c.topo.observe(r, 0, 200, now)
+			c.topo.observe(r, 0, 200, now, now)
 			expect(true)
 			if _, err := readOne(t, mc.db); err != nil {
 				t.Fatalf("caught up: %v", err)

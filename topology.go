@@ -182,20 +182,23 @@ func (h *history) lastAtOrBefore(l lsn.LSN) (int64, bool) {
 	return h.at[(h.head+past-1)%historySize], true
 }
 
-// observe records that n had replayed p at time at, and what that says of
-// its lag: if the primary was first seen past p at T, the replica is at
-// least at−T behind; if it was last seen at or before p at T', at most
-// at−T' (it has replayed that). A lower bound is kept until a higher one
+// observe records that n had replayed p, by a poll sent at sent and
+// answered by at, and what that says of its lag: if the primary was first
+// seen past p at T, the replica is at least sent−T behind (the poll ran
+// after sent: not at, which for a poll whose answer is read late, a
+// trailing poll settled by the connection's next read, can be seconds
+// after it ran); if it was last seen at or before p at T', at most at−T'
+// (it has replayed that). A lower bound is kept until a higher one
 // or a contradicting upper bound comes, an upper bound until a lower one
 // or a contradicting lower bound does, each for lagFresh after the last
 // poll it was consistent with. With writes every few milliseconds on a
 // replica 50 ms behind, the bounds from many polls close in on the lag,
 // which is what predicts the next write's wait (pollAt).
-func (t *topology) observe(n *node, inst uint64, p lsn.LSN, at int64) {
+func (t *topology) observe(n *node, inst uint64, p lsn.LSN, sent, at int64) {
 	n.sawReplay(p, inst)
 	lb, ub := int64(-1), int64(-1)
-	if T, ok := t.hist.firstAfter(p, true); ok && at > T {
-		lb = at - T
+	if T, ok := t.hist.firstAfter(p, true); ok && sent > T {
+		lb = sent - T
 	}
 	if T, ok := t.hist.lastAtOrBefore(p); ok {
 		ub = max(at-T, 0)

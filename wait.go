@@ -161,11 +161,12 @@ func (c *Connector) nextPoll(n *node, wm lsn.LSN, k, flat int) time.Duration {
 
 // pollOnce asks replica b once whether it has replayed target.
 func (c *Connector) pollOnce(ctx context.Context, b *backend, target lsn.LSN) (waitResult, error) {
+	sent := time.Now().UnixNano()
 	row, null, err := b.control(ctx, sqlPoll)
 	if err != nil {
 		return waitTimeout, err
 	}
-	return c.pollAnswer(b, row, null, target)
+	return c.pollAnswer(b, row, null, target, sent)
 }
 
 // parsePoll reads sqlPoll's row: whether the node is in recovery, and its
@@ -224,7 +225,7 @@ func parseRecovery(row []string, null []bool) (recovery, error) {
 
 // pollAnswer reads sqlPoll's row, sent with its own round trip or riding in
 // front of a read, and records what it says about b's node.
-func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn.LSN) (waitResult, error) {
+func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn.LSN, sent int64) (waitResult, error) {
 	l, known, inRecovery, err := parsePoll(row, null)
 	switch {
 	case err != nil:
@@ -235,7 +236,7 @@ func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn
 	case !known:
 		return waitBehind, nil
 	}
-	c.topo.observe(b.node, b.peer.Instance, l, time.Now().UnixNano())
+	c.topo.observe(b.node, b.peer.Instance, l, sent, time.Now().UnixNano())
 	if l >= target {
 		return waitOK, nil
 	}
@@ -311,7 +312,7 @@ func (c *Connector) checked(b *backend, method WaitMethod, inj *wire.Injection, 
 		}
 		return res, err
 	}
-	return c.pollAnswer(b, row, null, wm)
+	return c.pollAnswer(b, row, null, wm, inj.SentAt())
 }
 
 // waitForRefused reads an error WAIT FOR raised instead of answering with

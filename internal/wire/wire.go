@@ -66,7 +66,8 @@ type Injection struct {
 	refused bool // MustChain, and pgx's write could not take it // it went out so (set when sent)
 
 	sent    bool
-	dropped bool // disarmed before it was sent
+	sentAt  int64 // when, by time.Now().UnixNano(), just before the write
+	dropped bool  // disarmed before it was sent
 	done    bool
 	row     []string // first DataRow, text format; nil entries are NULL
 	null    []bool
@@ -98,6 +99,14 @@ func (in *Injection) Sent() bool {
 	in.lock()
 	defer in.unlock()
 	return in.sent
+}
+
+// SentAt returns when the statement went out (time.Now().UnixNano(), read
+// just before the write), 0 if it did not: the server ran it no earlier.
+func (in *Injection) SentAt() int64 {
+	in.lock()
+	defer in.unlock()
+	return in.sentAt
 }
 
 // Dropped reports that in was disarmed (Disarm, or pgx's bytes did not
@@ -281,7 +290,7 @@ func (c *Conn) Send(in *Injection) error {
 		return errSendPooled
 	}
 	c.wbuf = in.appendTo(c.wbuf[:0])
-	in.sent = true
+	in.sent, in.sentAt = true, time.Now().UnixNano()
 	c.queue = append(c.queue, segment{strip: true, inj: in})
 	_, err := c.Conn.Write(c.wbuf)
 	return err
@@ -348,6 +357,13 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 		return b, 0
 	}
 	buf = c.wbuf[:0]
+	var now int64 // read once, when something of ours goes out
+	sent := func(in *Injection) {
+		if now == 0 {
+			now = time.Now().UnixNano()
+		}
+		in.sent, in.sentAt = true, now
+	}
 	extended := len(b) > 0 && (b[0] == 'P' || b[0] == 'B') && syncs > 0 && !simple
 	var keep []*Injection
 	for i, in := range c.prefix {
@@ -367,7 +383,7 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 			continue
 		}
 		buf = in.appendTo(buf)
-		in.sent = true
+		sent(in)
 		c.queue = append(c.queue, segment{strip: true, inj: in})
 	}
 	lead = len(buf)
@@ -387,7 +403,7 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 	if exec {
 		for _, in := range c.suffix {
 			buf = in.appendTo(buf)
-			in.sent = true
+			sent(in)
 			c.queue = append(c.queue, segment{strip: true, inj: in})
 		}
 		clear(c.suffix)

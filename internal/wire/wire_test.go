@@ -95,11 +95,15 @@ func TestAppendAfterExecStripsAnswer(t *testing.T) {
 		in := &Injection{SQL: "SELECT pg_current_wal_insert_lsn()"}
 		c.AppendAfterExec(in)
 		write := encF(t, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{})
+		before := time.Now().UnixNano()
 		if n, err := c.Write(write); err != nil || n != len(write) {
 			t.Fatalf("write n=%d err=%v", n, err)
 		}
 		if !bytes.HasSuffix(under.written.Bytes(), []byte("SELECT pg_current_wal_insert_lsn()\x00")) || !in.Sent() {
 			t.Fatalf("injection not appended: %q", under.written.Bytes())
+		}
+		if at := in.SentAt(); at < before || at > time.Now().UnixNano() {
+			t.Fatalf("SentAt %d, not within the Write (from %d)", at, before)
 		}
 		got, _ := io.ReadAll(c)
 		want := append(append(append([]byte{}, pgxAnswer...), notice...), next...)
