@@ -52,6 +52,13 @@ type backend struct {
 	// went in the simple protocol, so a check could not share its
 	// transaction: its reads that need one run on the primary.
 	noChain bool
+	// heldSnapshot: a check chained in a read's transaction found it at
+	// REPEATABLE READ or SERIALIZABLE (the session's default isolation
+	// level): the poll takes the snapshot before it reads the position,
+	// so this connection's checks go with a Sync of their own, and behind
+	// a transaction pooler, where they cannot, its reads that need one
+	// run on the primary.
+	heldSnapshot bool
 	// probedSince is when the monitor first probed over this connection
 	// (unix ns; 0: not yet), for pooledConnAge.
 	probedSince int64

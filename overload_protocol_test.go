@@ -66,8 +66,8 @@ func TestProtocolMaxWaitsFull(t *testing.T) {
 			if len(fs) != 1 {
 				t.Fatalf("read took %d flushes on the replica, want 1 (it waited there)", len(fs))
 			}
-			if msgs := fs[0].msgs; !reflect.DeepEqual(msgs, cat(parsePoll, pollMsgs, readExec)) {
-				t.Fatalf("replica flush %q; want pgryw_poll, the read", msgs)
+			if msgs := fs[0].msgs; !reflect.DeepEqual(msgs, cat(parseCheck, checkMsgs, readExec)) {
+				t.Fatalf("replica flush %q; want pgryw_check, the read", msgs)
 			}
 			pc.r.mu.Lock()
 			waitFors := len(pc.r.waits)

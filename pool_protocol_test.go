@@ -60,7 +60,7 @@ func TestProtocolPoolWriteThenRead(t *testing.T) {
 		t.Fatalf("read after the write: %q, %v", v, err)
 	}
 	rfs := flushes(pc.replica, false)[rBefore:]
-	if want := cat(parsePoll, pollMsgs, readExec); len(rfs) != 1 || !reflect.DeepEqual(rfs[0].msgs, want) {
+	if want := cat(parseCheck, checkMsgs, readExec); len(rfs) != 1 || !reflect.DeepEqual(rfs[0].msgs, want) {
 		t.Fatalf("replica flushes %v; want one %q", rfs, want)
 	}
 }
@@ -99,7 +99,7 @@ func TestProtocolPoolBatchOneCheck(t *testing.T) {
 	polls := 0
 	for _, f := range rfs {
 		for _, m := range f.msgs {
-			if m == "Bind pgryw_poll" {
+			if m == "Bind pgryw_check" {
 				polls++
 			}
 		}

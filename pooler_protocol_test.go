@@ -294,7 +294,7 @@ func TestProtocolPooledReplicaChecksEveryRead(t *testing.T) {
 					if strings.HasPrefix(m.Name, "pgryw_") {
 						t.Errorf("a named statement of pgryw's behind a pooler: %q", m.Name)
 					}
-					poll = poll || m.Query == protoPoll
+					poll = poll || m.Query == protoCheck
 				case *pgproto3.Sync:
 					syncs++
 				}
@@ -322,7 +322,7 @@ func polls(srv *pgfake.Server, inst string) int {
 			continue
 		}
 		for _, b := range c.Batches() {
-			if executes(c, b, protoPoll) && !monitorPoll(b) {
+			if (executes(c, b, protoCheck) || executes(c, b, protoPoll)) && !monitorPoll(b) {
 				n++
 			}
 		}

@@ -43,6 +43,7 @@ const (
 	protoReadWriter = "SELECT v FROM t WHERE id = $1 /* pgryw:primary */"
 	protoCapture    = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn()), to_regprocedure('pg_catalog.pg_current_wal_insert_lsn()')::oid"
 	protoPoll       = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
+	protoCheck      = "SELECT pg_catalog.pg_last_wal_replay_lsn(), pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_isolation')"
 	protoRecovery   = "SELECT pg_catalog.pg_is_in_recovery(), COALESCE(r.last_replayed_end_lsn, pg_catalog.pg_last_wal_replay_lsn()), r.last_replayed_tli, r.promote_triggered FROM (SELECT) AS one LEFT JOIN pg_catalog.pg_stat_recovery AS r ON true"
 	protoCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
 	protoSystem     = "SELECT CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE') THEN (SELECT s.system_identifier::text FROM pg_catalog.pg_control_system() s) END"
@@ -226,6 +227,9 @@ type protoReplica struct {
 	// NULL, as for a role without pg_read_all_stats).
 	tli, promoting string
 	reads          int // executions of protoRead
+	// iso: transaction_isolation as sqlCheck reads it ("": read
+	// committed).
+	iso string
 	// promoted: the standby was promoted; like PostgreSQL 14 and later it
 	// says so (in_hot_standby off) with its next answer to a read.
 	promoted bool
@@ -258,6 +262,15 @@ func (r *protoReplica) answer(c *pgfake.Conn, b pgfake.Batch) []pgproto3.Backend
 			return pgfake.Result{
 				Cols: []pgfake.Column{{Name: "pg_last_wal_replay_lsn", OID: 3220}, {Name: "pg_is_in_recovery", OID: 16}},
 				Rows: [][][]byte{pgfake.Row(r.replay, "t")},
+			}
+		case q.SQL == protoCheck:
+			iso := r.iso
+			if iso == "" {
+				iso = "read committed"
+			}
+			return pgfake.Result{
+				Cols: []pgfake.Column{{Name: "pg_last_wal_replay_lsn", OID: 3220}, {Name: "pg_is_in_recovery", OID: 16}, {Name: "current_setting", OID: 25}},
+				Rows: [][][]byte{pgfake.Row(r.replay, "t", iso)},
 			}
 		case q.SQL == protoSystem:
 			return pgfake.Result{Cols: []pgfake.Column{{Name: "system_identifier", OID: 25}}, Rows: [][][]byte{{nil}}}
@@ -477,8 +490,9 @@ var (
 	// alone, prepared on the second capture.
 	captureLSNFirst = pgfake.Encode(&pgproto3.Parse{Name: "pgryw_lsn", Query: protoCaptureLSN},
 		&pgproto3.Bind{PreparedStatement: "pgryw_lsn"}, &pgproto3.Execute{}, &pgproto3.Sync{})
-	pollFirst = pgfake.Encode(&pgproto3.Parse{Name: "pgryw_poll", Query: protoPoll},
-		&pgproto3.Bind{PreparedStatement: "pgryw_poll"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	// The check in front of an extended-protocol read: chained, no Sync.
+	checkFirst = pgfake.Encode(&pgproto3.Parse{Name: "pgryw_check", Query: protoCheck},
+		&pgproto3.Bind{PreparedStatement: "pgryw_check"}, &pgproto3.Execute{})
 )
 
 var (
@@ -488,6 +502,8 @@ var (
 	capLSN1    = []string{"Parse pgryw_lsn", "Bind pgryw_lsn", "Execute", "Sync"}
 	pollMsgs   = []string{"Bind pgryw_poll", "Execute", "Sync"}
 	parsePoll  = []string{"Parse pgryw_poll"}
+	checkMsgs  = []string{"Bind pgryw_check", "Execute"}
+	parseCheck = []string{"Parse pgryw_check"}
 )
 
 func cat(parts ...[]string) []string { return slices.Concat(parts...) }
@@ -924,7 +940,7 @@ func warmReplica(t *testing.T, pc *protoCluster) {
 	}
 }
 
-// A read after a write on a PostgreSQL 15 standby: pgryw_poll in front of
+// A read after a write on a PostgreSQL 15 standby: pgryw_check in front of
 // pgx's messages, in one flush; the replica has replayed the capture's
 // position, so its rows are returned. The next read goes alone: the replica
 // is known to be caught up. (With one replica nothing rides behind a read;
@@ -937,7 +953,7 @@ func TestProtocolReplicaReadPollsInOneFlush(t *testing.T) {
 	writerBefore := len(flushes(pc.writer, false))
 	before := len(flushes(pc.replica, false))
 
-	for i, want := range [][]string{cat(parsePoll, pollMsgs, readExec), readExec} {
+	for i, want := range [][]string{cat(parseCheck, checkMsgs, readExec), readExec} {
 		var v string
 		if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
 			t.Fatalf("read %d: %q, %v", i, v, err)
@@ -951,7 +967,7 @@ func TestProtocolReplicaReadPollsInOneFlush(t *testing.T) {
 			t.Fatalf("read %d: replica flush\n %q\nwant\n %q", i, f.msgs, want)
 		}
 		if i == 0 {
-			if !bytes.HasPrefix(f.batch.Raw, pollFirst) {
+			if !bytes.HasPrefix(f.batch.Raw, checkFirst) {
 				t.Fatalf("poll bytes not in front:\n% x", f.batch.Raw)
 			}
 			settleMonitor(t, pc)
@@ -1082,11 +1098,11 @@ func TestProtocolCheckBeforePositionArrives(t *testing.T) {
 				if len(fs) != 1 || !ok || !strings.Contains(sql, protoLSNText) {
 					t.Fatalf("attempts %v; want one WAIT FOR for %s, with the read", fs, protoLSNText)
 				}
-			case !reflect.DeepEqual(fs[0].msgs, cat(parsePoll, pollMsgs, readExec)):
-				t.Fatalf("first attempt %q; want pgryw_poll, the read", fs[0].msgs)
+			case !reflect.DeepEqual(fs[0].msgs, cat(parseCheck, checkMsgs, readExec)):
+				t.Fatalf("first attempt %q; want pgryw_check, the read", fs[0].msgs)
 			case tc.caught && len(fs) != 1:
 				t.Fatalf("%d attempts, want 1: %v", len(fs), fs)
-			case !tc.caught && (len(fs) != 2 || !reflect.DeepEqual(fs[1].msgs, cat(pollMsgs, readExec))):
+			case !tc.caught && (len(fs) != 2 || !reflect.DeepEqual(fs[1].msgs, cat(checkMsgs, readExec))):
 				t.Fatalf("attempts %v; want the poll's, then one more", fs)
 			}
 		})
@@ -1136,9 +1152,9 @@ func TestProtocolReplicaBehindDiscardsAndRereads(t *testing.T) {
 		t.Fatalf("read took %d flushes, want 2 (one per attempt): %v", len(fs), fs)
 	}
 	for i, f := range fs {
-		want := cat(pollMsgs, readExec)
+		want := cat(checkMsgs, readExec)
 		if i == 0 {
-			want = cat(parsePoll, want)
+			want = cat(parseCheck, want)
 		}
 		if !reflect.DeepEqual(f.msgs, want) {
 			t.Fatalf("attempt %d: flush\n %q\nwant\n %q", i, f.msgs, want)
@@ -1246,7 +1262,7 @@ func TestProtocolPollTimeoutFallsBack(t *testing.T) {
 	pipelined := 0
 	for i, f := range fs {
 		switch {
-		case reflect.DeepEqual(f.msgs, cat(pollMsgs, readExec)), i == 0 && reflect.DeepEqual(f.msgs, cat(parsePoll, pollMsgs, readExec)):
+		case reflect.DeepEqual(f.msgs, cat(checkMsgs, readExec)), i == 0 && reflect.DeepEqual(f.msgs, cat(parseCheck, checkMsgs, readExec)):
 			if i != pipelined {
 				t.Fatalf("flush %d carries the read after polls alone: %v", i, fs)
 			}
@@ -1570,7 +1586,7 @@ func TestProtocolCutWriteRunsOnce(t *testing.T) {
 				got = append(got, f.msgs)
 			}
 			want := [][]string{
-				cat([]string{"Parse pgryw_poll"}, pollMsgs, []string{"Parse " + protoRead, "Describe S " + protoRead, "Sync"}),
+				cat(parseCheck, checkMsgs, []string{"Parse " + protoRead, "Describe S " + protoRead, "Sync"}),
 				readExec,
 			}
 			if !reflect.DeepEqual(got, want) {

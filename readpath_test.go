@@ -46,7 +46,7 @@ func TestSteadyRead(t *testing.T) {
 			t.Fatalf("read: replica flushes %v, want one %q", fs, want)
 		}
 	}
-	read(cat(parsePoll, pollMsgs, readExec)) // checked once
+	read(cat(parseCheck, checkMsgs, readExec)) // checked once
 	read(readExec)
 	for i := 0; i < n; i++ {
 		read(readExec)

@@ -412,6 +412,7 @@ var waitOutcomes = [...]outcome{
 	waitCannot:     outCannotWait,
 	waitBusy:       outBusy,
 	waitUnchecked:  outUnchecked,
+	waitRecheck:    outUnchecked,
 	waitTimeout:    outBehind,
 	waitBehind:     outBehind,
 }

@@ -28,10 +28,32 @@ const (
 	// pg_read_all_stats: then the functions answer (position only).
 	sqlRecovery = "SELECT pg_catalog.pg_is_in_recovery(), COALESCE(r.last_replayed_end_lsn, pg_catalog.pg_last_wal_replay_lsn())," +
 		" r.last_replayed_tli, r.promote_triggered FROM (SELECT) AS one LEFT JOIN pg_catalog.pg_stat_recovery AS r ON true"
+	// sqlCheck is sqlPoll as a check chained in front of a read, in the
+	// read's implicit transaction, with that transaction's isolation
+	// level. Under READ COMMITTED each statement takes a snapshot of its
+	// own, so the read's is taken after the poll read the replay position,
+	// and has everything replayed by then. Under REPEATABLE READ or
+	// SERIALIZABLE (a default of the session's, role's or server's) the
+	// poll's own parse took the transaction's snapshot before it read the
+	// position: a position that reached the watermark then says nothing of
+	// the snapshot, and the check is not used (checked).
+	sqlCheck = "SELECT pg_catalog.pg_last_wal_replay_lsn(), pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_isolation')"
 )
 
-// stmtPoll names the replay poll prepared on replica connections.
-const stmtPoll = "pgryw_poll"
+// stmtPoll and stmtCheck name sqlPoll and sqlCheck, prepared on replica
+// connections.
+const (
+	stmtPoll  = "pgryw_poll"
+	stmtCheck = "pgryw_check"
+)
+
+// snapshotPerStatement reports whether a transaction at isolation level
+// iso (transaction_isolation's text) takes a snapshot per statement: READ
+// COMMITTED, and READ UNCOMMITTED, which PostgreSQL runs as READ
+// COMMITTED.
+func snapshotPerStatement(iso string) bool {
+	return iso == "read committed" || iso == "read uncommitted"
+}
 
 // waitForSQL builds the PostgreSQL 19 wait
 // (https://www.postgresql.org/docs/19/sql-wait.html). WAIT FOR is a utility
@@ -72,6 +94,11 @@ const (
 	// in the read's own transaction (a simple-protocol read): the read is
 	// not served by this replica.
 	waitUnchecked
+	// waitRecheck: a check chained in the read's transaction ran under
+	// REPEATABLE READ or SERIALIZABLE, whose snapshot it took before it
+	// read the replay position: the read's answer is not used, and the
+	// check goes again in a transaction of its own (waiting.checkRead).
+	waitRecheck
 )
 
 // methodFor resolves wait_method for one replica connection: auto is
@@ -247,9 +274,12 @@ func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn
 // sent on b, by method (methodFor's, or WaitPoll for a check that must not
 // wait): WAIT FOR LSN on PostgreSQL 19 and later (a utility statement with
 // literals: a simple Query, or chained without a Sync of its own in front
-// of an extended-protocol read), else a replay position poll. Both are
-// answered before the read runs, in the same round trip.
-func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget time.Duration) *wire.Injection {
+// of an extended-protocol read), else a replay position poll (chained the
+// same way, as sqlCheck, unless chain is false, the connection is a
+// session pooler's, or its reads hold their snapshot from their first
+// statement). Both are answered before the read runs, in the same round
+// trip.
+func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget time.Duration, chain bool) *wire.Injection {
 	b.reuse(&b.pre)
 	inj := &b.pre.inj
 	switch method {
@@ -265,13 +295,24 @@ func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget t
 		inj.Chain = true
 		inj.MustChain = b.peer.TxPooled
 	default:
-		if b.peer.TxPooled {
+		switch {
+		case b.peer.TxPooled:
 			// In the read's own transaction (see Conn.pipelined).
-			inj.Reset(sqlPoll)
+			inj.Reset(sqlCheck)
 			inj.Chain, inj.MustChain = true, true
-			break
+		case !chain || b.peer.Unnamed || b.heldSnapshot:
+			// A session pooler's connections prepare nothing by name:
+			// an unnamed Parse in the read's transaction could take
+			// the place of pgx's own unnamed statement.
+			inj = b.injectPrepared(&b.pre, stmtPoll, sqlPoll)
+		default:
+			// In the read's own transaction where the read is an
+			// extended-protocol one: one ReadyForQuery, and one server
+			// flush, fewer. (chain is false for a transaction's BEGIN,
+			// a simple Query.)
+			inj = b.injectPrepared(&b.pre, stmtCheck, sqlCheck)
+			inj.Chain = true
 		}
-		inj = b.injectPrepared(&b.pre, stmtPoll, sqlPoll)
 	}
 	b.wire.Prefix(inj)
 	return inj
@@ -289,7 +330,7 @@ func (c *Connector) checked(b *backend, method WaitMethod, inj *wire.Injection, 
 		if inj.Msgs != nil {
 			// Our prepared poll is gone or clashed: nothing is wrong with
 			// the replica; check the slow way this time.
-			b.injectionFailed(stmtPoll, err)
+			b.injectionFailed(b.pre.name, err)
 			return waitBehind, nil
 		}
 		if method == WaitFor {
@@ -311,6 +352,16 @@ func (c *Connector) checked(b *backend, method WaitMethod, inj *wire.Injection, 
 			c.stats.waitTimeouts.Add(1)
 		}
 		return res, err
+	}
+	if len(row) == 3 && len(null) == 3 { // sqlCheck
+		if inj.Chained() && !snapshotPerStatement(row[2]) {
+			// The read's snapshot was taken before the position was
+			// read: the check is no check. From now on this
+			// connection's checks go in a transaction of their own.
+			b.heldSnapshot = true
+			return waitRecheck, nil
+		}
+		row, null = row[:2], null[:2]
 	}
 	return c.pollAnswer(b, row, null, wm, inj.SentAt())
 }

@@ -42,7 +42,7 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 	// Where it cannot (a simple-protocol read, PolarDB's SETs), the read
 	// is not checked on the replica at all.
 	// (pgx sends a transaction's BEGIN as a simple Query, always.)
-	if w.pooled && (a.b.noChain || w.method == WaitPolar || a.op.begins()) {
+	if w.pooled && (a.b.noChain || w.method == WaitPolar || a.op.begins() || a.b.heldSnapshot && w.method == WaitPoll) {
 		// The read moves on: not with a watermark still partial.
 		if err := w.whole(ctx, wm); err != nil {
 			return waitTimeout, err
@@ -155,7 +155,7 @@ func (w *waiting) leave() {
 // what the check found; waitBehind means the read's answer was not used.
 func (w *waiting) checkRead(ctx context.Context, a *attempt, wm *lsn.LSN) (waitResult, error) {
 	c, b := w.cn.c, w.b
-	inj := c.armCheck(b, w.method, *wm, max(time.Until(w.deadline), time.Millisecond))
+	inj := c.armCheck(b, w.method, *wm, max(time.Until(w.deadline), time.Millisecond), !a.op.begins())
 	notices := b.wire.Notices()
 	a.read()
 	if a.op.lazy() && inj.Sent() {
@@ -175,6 +175,13 @@ func (w *waiting) checkRead(ctx context.Context, a *attempt, wm *lsn.LSN) (waitR
 		return waitOK, nil
 	}
 	res, err := c.checked(b, w.method, inj, *wm)
+	if err == nil && res == waitRecheck {
+		a.drop()
+		if w.pooled {
+			return waitUnchecked, nil
+		}
+		return w.checkRead(ctx, a, wm) // now with a Sync of its own
+	}
 	if err == nil && res == waitOK && w.method == WaitPolar {
 		res = c.polarOutcome(b, a, *wm, notices)
 	}

@@ -6,7 +6,7 @@
 // above TLS). An Injection is one simple-protocol Query message (or
 // prebuilt messages ending in a Sync, or a fast-path FunctionCall, or,
 // chained in front of pgx's extended-protocol messages, an unnamed
-// Parse/Bind/Execute). Prefix sends
+// Parse/Bind/Execute, or prebuilt messages less their Sync). Prefix sends
 // it in front of pgx's next write (a replica's catch-up check ahead of a
 // read); AppendAfterExec sends it behind pgx's next write that executes a
 // statement (the writer's WAL position after the statement's Sync, so after
@@ -44,11 +44,11 @@ import (
 type Injection struct {
 	SQL  string
 	Msgs []byte
-	// Chain lets a prefix of SQL be sent without a Sync of its own, as an
-	// unnamed Parse/Bind/Execute, when pgx's write right behind it starts
-	// with an extended-protocol message: its answer then comes in the same
-	// server flush as pgx's, whose Sync ends the implicit transaction both
-	// run in. An error of the injection's makes the server skip pgx's
+	// Chain lets a prefix be sent without a Sync of its own, when pgx's
+	// write right behind it starts with an extended-protocol message: SQL
+	// as an unnamed Parse/Bind/Execute, Msgs (not a FunctionCall) less
+	// their Sync. Its answer then comes in the same server flush as pgx's,
+	// whose Sync ends the implicit transaction both run in. An error of the injection's makes the server skip pgx's
 	// messages up to their Sync: pgx is then given the ErrorResponse as
 	// its own.
 	Chain bool
@@ -163,8 +163,29 @@ func (in *Injection) ResetMessages(msgs []byte) {
 	*in = Injection{Msgs: msgs, row: in.row[:0], null: in.null[:0], mu: in.mu}
 }
 
+// Chained reports that in went out chained (Chain), in the implicit
+// transaction of pgx's statement behind it.
+func (in *Injection) Chained() bool {
+	in.lock()
+	defer in.unlock()
+	return in.sent && in.chained
+}
+
+// chainable reports whether in can go without a Sync of its own: SQL, or
+// prebuilt messages ending in their one Sync (not a FunctionCall).
+func (in *Injection) chainable() bool {
+	if in.Msgs == nil {
+		return true
+	}
+	n := len(in.Msgs)
+	return in.Msgs[0] != 'F' && n >= 5 && string(in.Msgs[n-5:]) == "S\x00\x00\x00\x04"
+}
+
 func (in *Injection) appendTo(buf []byte) []byte {
 	if in.Msgs != nil {
+		if in.chained {
+			return append(buf, in.Msgs[:len(in.Msgs)-5]...) // less the Sync
+		}
 		return append(buf, in.Msgs...)
 	}
 	if in.chained {
@@ -367,7 +388,7 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 	extended := len(b) > 0 && (b[0] == 'P' || b[0] == 'B') && syncs > 0 && !simple
 	var keep []*Injection
 	for i, in := range c.prefix {
-		in.chained = in.Chain && in.Msgs == nil && extended && i == len(c.prefix)-1
+		in.chained = in.Chain && in.chainable() && extended && i == len(c.prefix)-1
 		if c.Peer.TxPooled && !in.MustChain {
 			// A segment of its own behind a transaction pooler: never.
 			in.refused = true

@@ -595,6 +595,64 @@ func TestChainedPrefix(t *testing.T) {
 	}
 }
 
+// Prebuilt messages chained: a Bind and Execute of a statement prepared
+// earlier go in front of pgx's extended-protocol messages without their
+// Sync, and the answer (to its CommandComplete) is taken off; in front of
+// a simple Query, or when the messages are a FunctionCall, they go whole.
+func TestChainedPrebuiltMessages(t *testing.T) {
+	msgs := encF(t, &pgproto3.Bind{PreparedStatement: "pgryw_check"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	pgxMsgs := encF(t, &pgproto3.Bind{PreparedStatement: "s"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	answer := enc(t,
+		&pgproto3.BindComplete{},
+		&pgproto3.DataRow{Values: [][]byte{[]byte("0/3000100"), []byte("t"), []byte("read committed")}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+	)
+	pgxAnswer := enc(t,
+		&pgproto3.BindComplete{},
+		&pgproto3.DataRow{Values: [][]byte{[]byte("new")}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	for seed := int64(0); seed < 100; seed++ {
+		under := &chunked{data: append(append([]byte{}, answer...), pgxAnswer...), rng: rand.New(rand.NewSource(seed))}
+		c := Wrap(under)
+		in := &Injection{Chain: true}
+		in.ResetMessages(msgs)
+		in.Chain = true
+		c.Prefix(in)
+		c.Write(pgxMsgs)
+		if want := append(append([]byte{}, msgs[:len(msgs)-5]...), pgxMsgs...); !bytes.Equal(under.written.Bytes(), want) {
+			t.Fatalf("wire\n% x\nwant\n% x", under.written.Bytes(), want)
+		}
+		got, _ := io.ReadAll(c)
+		if !bytes.Equal(got, pgxAnswer) {
+			t.Fatalf("seed %d: pgx saw %q", seed, got)
+		}
+		if row, _ := in.Row(); !in.Done() || !in.Chained() || len(row) != 3 || row[2] != "read committed" {
+			t.Fatalf("seed %d: done %v, chained %v, row %q", seed, in.Done(), in.Chained(), row)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		pgx  []byte
+	}{
+		{"in front of a simple Query", msgs, encF(t, &pgproto3.Query{String: "SELECT 1"})},
+		{"a FunctionCall", encF(t, &pgproto3.FunctionCall{Function: 2852}), pgxMsgs},
+	} {
+		under := &chunked{rng: rand.New(rand.NewSource(1))}
+		c := Wrap(under)
+		in := &Injection{}
+		in.ResetMessages(tc.in)
+		in.Chain = true
+		c.Prefix(in)
+		c.Write(tc.pgx)
+		if !bytes.HasPrefix(under.written.Bytes(), tc.in) || in.Chained() {
+			t.Fatalf("%s: chained %v, wire\n% x", tc.name, in.Chained(), under.written.Bytes())
+		}
+	}
+}
+
 // LastWords looks past the answer to a ride-along that nobody has read yet
 // (a capture behind a write that returned at its own ReadyForQuery) to
 // what the server sent after it: an ended session's FATAL is found there.
