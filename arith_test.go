@@ -487,3 +487,45 @@ func TestWaitList(t *testing.T) {
 		t.Fatal("reads left waiting after unfollow")
 	}
 }
+
+// A poll's answer read late (a trailing poll settled by the connection's
+// next read): the lower bound on the lag counts from when it was sent, and
+// a poll sent before one already taken in says nothing new.
+func TestLateObservation(t *testing.T) {
+	var topo topology
+	n := &node{index: 0}
+	now := time.Now().UnixNano()
+	ms := int64(time.Millisecond)
+	topo.hist.add(100, now-50*ms, 1)
+	topo.hist.add(200, now-48*ms, 1) // the primary past 100, 48 ms ago
+	// Sent 46 ms ago (2 ms behind then), read now.
+	topo.observe(n, 0, 100, now-46*ms, now)
+	if got := n.lag.Load(); got != 2*ms {
+		t.Fatalf("lag %v from a poll sent 2 ms after the primary passed its position, want 2ms", time.Duration(got))
+	}
+	// A later poll finds it caught up; an earlier one, read after it, is
+	// not taken in.
+	topo.observe(n, 0, 200, now-10*ms, now-9*ms)
+	lag, at := n.lag.Load(), n.lagAt.Load()
+	topo.observe(n, 0, 100, now-40*ms, now)
+	if n.lag.Load() != lag || n.lagAt.Load() != at {
+		t.Fatalf("an older poll moved the lag to %v (at %d), from %v (at %d)", time.Duration(n.lag.Load()), n.lagAt.Load(), time.Duration(lag), at)
+	}
+}
+
+// A connection found to hold its reads' snapshot from their first statement
+// keeps to unchained checks only under the same settings, and for a while.
+func TestSnapshotHeld(t *testing.T) {
+	var b backend
+	if b.snapshotHeld(0) {
+		t.Fatal("held before anything was seen")
+	}
+	b.holdSnapshot(7)
+	if !b.snapshotHeld(7) || b.snapshotHeld(8) {
+		t.Fatalf("held under version 7: %v, under 8: %v; want true, false", b.snapshotHeld(7), b.snapshotHeld(8))
+	}
+	b.snapHeld = time.Now().Add(-time.Millisecond).UnixNano()
+	if b.snapshotHeld(7) {
+		t.Fatal("still held after snapHeldFor")
+	}
+}

@@ -52,13 +52,15 @@ type backend struct {
 	// went in the simple protocol, so a check could not share its
 	// transaction: its reads that need one run on the primary.
 	noChain bool
-	// heldSnapshot: a check chained in a read's transaction found it at
-	// REPEATABLE READ or SERIALIZABLE (the session's default isolation
-	// level): the poll takes the snapshot before it reads the position,
-	// so this connection's checks go with a Sync of their own, and behind
-	// a transaction pooler, where they cannot, its reads that need one
-	// run on the primary.
-	heldSnapshot bool
+	// snapHeld: a check chained in a read's transaction found it at
+	// REPEATABLE READ or SERIALIZABLE (a default isolation level): the
+	// poll took the snapshot before it read the position. While the
+	// connection carries the same settings (snapVersion, a Conn's
+	// settings version), and for snapHeldFor, its checks go with a Sync
+	// of their own, and behind a transaction pooler, where they cannot,
+	// its reads that need one run on the primary (snapshotHeld).
+	snapHeld    int64 // until (unix ns); 0: not seen
+	snapVersion uint64
 	// probedSince is when the monitor first probed over this connection
 	// (unix ns; 0: not yet), for pooledConnAge.
 	probedSince int64
@@ -137,6 +139,26 @@ func majorVersion(v string) int {
 
 // pgx returns the backend's pgx connection, for pgx's front end.
 func (b *backend) pgx() *pgx.Conn { return b.conn.(*stdlib.Conn).Conn() }
+
+// snapHeldFor is how long a connection whose reads were found to hold
+// their snapshot from their first statement checks with a Sync of its own
+// before trying the chained check again: behind a transaction pooler the
+// default isolation level that made it so may be another client's session
+// state, gone once that server connection is reset.
+const snapHeldFor = time.Minute
+
+// holdSnapshot records that a chained check found b's read transactions,
+// under settings version v, at REPEATABLE READ or SERIALIZABLE.
+func (b *backend) holdSnapshot(v uint64) {
+	b.snapHeld, b.snapVersion = time.Now().Add(snapHeldFor).UnixNano(), v
+}
+
+// snapshotHeld reports that b's reads under settings version v were found
+// to hold their snapshot from their first statement, within snapHeldFor:
+// a check cannot share their transaction.
+func (b *backend) snapshotHeld(v uint64) bool {
+	return b.snapHeld != 0 && b.snapVersion == v && time.Now().UnixNano() < b.snapHeld
+}
 
 func (b *backend) closed() bool {
 	return b.pg.IsClosed()

@@ -90,3 +90,40 @@ func TestProtocolPooledCheckUnderRepeatableRead(t *testing.T) {
 		t.Errorf("stats %+v; want both reads on the primary", st)
 	}
 }
+
+// A check chained in front of pgx's prepare alone (a statement's first run
+// on a connection: Parse, Describe, Sync) runs in that flush's transaction,
+// and the read in a later one, which takes its snapshot after: the check
+// holds at any isolation level, and the read runs once.
+func TestProtocolCheckWithPrepareHoldsUnderRepeatableRead(t *testing.T) {
+	t.Parallel()
+	pc := newProtoCluster(t, "15.4", "")
+	pc.r.mu.Lock()
+	pc.r.iso = "repeatable read"
+	pc.r.mu.Unlock()
+	if _, err := pc.db.Exec(protoInsert, 1); err != nil {
+		t.Fatal(err)
+	}
+	pc.r.replays(protoLSN)
+	before := len(flushes(pc.replica, false))
+	var v string
+	if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
+		t.Fatalf("read: %q, %v", v, err)
+	}
+	var got [][]string
+	for _, f := range flushes(pc.replica, false)[before:] {
+		got = append(got, f.msgs)
+	}
+	want := [][]string{
+		cat(parseCheck, checkMsgs, []string{"Parse " + protoRead, "Describe S " + protoRead, "Sync"}),
+		readExec,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("replica flushes\n %q\nwant\n %q", got, want)
+	}
+	pc.r.mu.Lock()
+	defer pc.r.mu.Unlock()
+	if pc.r.reads != 1 {
+		t.Errorf("%d executions of the read on the replica, want 1", pc.r.reads)
+	}
+}

@@ -42,7 +42,7 @@ const (
 	protoRead       = "SELECT v FROM t WHERE id = $1"
 	protoReadWriter = "SELECT v FROM t WHERE id = $1 /* pgryw:primary */"
 	protoCapture    = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn()), to_regprocedure('pg_catalog.pg_current_wal_insert_lsn()')::oid"
-	protoPoll       = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
+	protoPoll       = "SELECT pg_catalog.pg_last_wal_replay_lsn(), pg_catalog.pg_is_in_recovery()"
 	protoCheck      = "SELECT pg_catalog.pg_last_wal_replay_lsn(), pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_isolation')"
 	protoRecovery   = "SELECT pg_catalog.pg_is_in_recovery(), COALESCE(r.last_replayed_end_lsn, pg_catalog.pg_last_wal_replay_lsn()), r.last_replayed_tli, r.promote_triggered FROM (SELECT) AS one LEFT JOIN pg_catalog.pg_stat_recovery AS r ON true"
 	protoCaptureLSN = "SELECT pg_current_wal_insert_lsn()"

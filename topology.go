@@ -188,7 +188,8 @@ func (h *history) lastAtOrBefore(l lsn.LSN) (int64, bool) {
 // after sent: not at, which for a poll whose answer is read late, a
 // trailing poll settled by the connection's next read, can be seconds
 // after it ran); if it was last seen at or before p at T', at most at−T'
-// (it has replayed that). A lower bound is kept until a higher one
+// (it has replayed that). Both hold as of sent, and count only when no
+// poll sent later was taken in before. A lower bound is kept until a higher one
 // or a contradicting upper bound comes, an upper bound until a lower one
 // or a contradicting lower bound does, each for lagFresh after the last
 // poll it was consistent with. With writes every few milliseconds on a
@@ -203,7 +204,12 @@ func (t *topology) observe(n *node, inst uint64, p lsn.LSN, sent, at int64) {
 	if T, ok := t.hist.lastAtOrBefore(p); ok {
 		ub = max(at-T, 0)
 	}
-	n.bounds(lb, ub, at)
+	if sent < max(n.lagAt.Load(), n.lagHighAt.Load()) {
+		// A poll sent after this one was taken in already: what this
+		// one says is older (a trailing poll settled late).
+		return
+	}
+	n.bounds(lb, ub, sent)
 }
 
 // reached records that n was seen at or past target at time at (a wait

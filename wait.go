@@ -20,7 +20,7 @@ const (
 	// pg_is_in_recovery in the same query: a promoted standby keeps reporting
 	// its last replay position, so the position alone cannot tell promotion
 	// from lag.
-	sqlPoll = "SELECT pg_last_wal_replay_lsn(), pg_is_in_recovery()"
+	sqlPoll = "SELECT pg_catalog.pg_last_wal_replay_lsn(), pg_catalog.pg_is_in_recovery()"
 	// sqlRecovery is the monitor's probe on PostgreSQL 19 and later: the
 	// pg_stat_recovery view has the replay position, its timeline and
 	// whether a promotion is pending in one row, read at once. It has no
@@ -34,8 +34,8 @@ const (
 	// own, so the read's is taken after the poll read the replay position,
 	// and has everything replayed by then. Under REPEATABLE READ or
 	// SERIALIZABLE (a default of the session's, role's or server's) the
-	// poll's own parse took the transaction's snapshot before it read the
-	// position: a position that reached the watermark then says nothing of
+	// poll's own Bind (its Parse, unprepared) took the transaction's
+	// snapshot before it read the position: a position that reached the watermark then says nothing of
 	// the snapshot, and the check is not used (checked).
 	sqlCheck = "SELECT pg_catalog.pg_last_wal_replay_lsn(), pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_isolation')"
 )
@@ -275,10 +275,10 @@ func (c *Connector) pollAnswer(b *backend, row []string, null []bool, target lsn
 // wait): WAIT FOR LSN on PostgreSQL 19 and later (a utility statement with
 // literals: a simple Query, or chained without a Sync of its own in front
 // of an extended-protocol read), else a replay position poll (chained the
-// same way, as sqlCheck, unless chain is false, the connection is a
-// session pooler's, or its reads hold their snapshot from their first
-// statement). Both are answered before the read runs, in the same round
-// trip.
+// same way, as sqlCheck, unless chain is false, which it is for a
+// transaction's BEGIN and where the read's transaction holds its snapshot
+// from its first statement, or the connection is a session pooler's).
+// Both are answered before the read runs, in the same round trip.
 func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget time.Duration, chain bool) *wire.Injection {
 	b.reuse(&b.pre)
 	inj := &b.pre.inj
@@ -300,7 +300,7 @@ func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget t
 			// In the read's own transaction (see Conn.pipelined).
 			inj.Reset(sqlCheck)
 			inj.Chain, inj.MustChain = true, true
-		case !chain || b.peer.Unnamed || b.heldSnapshot:
+		case !chain || b.peer.Unnamed:
 			// A session pooler's connections prepare nothing by name:
 			// an unnamed Parse in the read's transaction could take
 			// the place of pgx's own unnamed statement.
@@ -354,11 +354,10 @@ func (c *Connector) checked(b *backend, method WaitMethod, inj *wire.Injection, 
 		return res, err
 	}
 	if len(row) == 3 && len(null) == 3 { // sqlCheck
-		if inj.Chained() && !snapshotPerStatement(row[2]) {
+		if inj.SharesTx() && !snapshotPerStatement(row[2]) {
 			// The read's snapshot was taken before the position was
-			// read: the check is no check. From now on this
-			// connection's checks go in a transaction of their own.
-			b.heldSnapshot = true
+			// read: the check is no check (the caller records it:
+			// backend.holdSnapshot).
 			return waitRecheck, nil
 		}
 		row, null = row[:2], null[:2]

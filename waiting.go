@@ -42,7 +42,7 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 	// Where it cannot (a simple-protocol read, PolarDB's SETs), the read
 	// is not checked on the replica at all.
 	// (pgx sends a transaction's BEGIN as a simple Query, always.)
-	if w.pooled && (a.b.noChain || w.method == WaitPolar || a.op.begins() || a.b.heldSnapshot && w.method == WaitPoll) {
+	if w.pooled && (a.b.noChain || w.method == WaitPolar || a.op.begins() || w.method == WaitPoll && a.b.snapshotHeld(cn.sess.set.version)) {
 		// The read moves on: not with a watermark still partial.
 		if err := w.whole(ctx, wm); err != nil {
 			return waitTimeout, err
@@ -155,7 +155,8 @@ func (w *waiting) leave() {
 // what the check found; waitBehind means the read's answer was not used.
 func (w *waiting) checkRead(ctx context.Context, a *attempt, wm *lsn.LSN) (waitResult, error) {
 	c, b := w.cn.c, w.b
-	inj := c.armCheck(b, w.method, *wm, max(time.Until(w.deadline), time.Millisecond), !a.op.begins())
+	chain := !a.op.begins() && !b.snapshotHeld(w.cn.sess.set.version)
+	inj := c.armCheck(b, w.method, *wm, max(time.Until(w.deadline), time.Millisecond), chain)
 	notices := b.wire.Notices()
 	a.read()
 	if a.op.lazy() && inj.Sent() {
@@ -177,6 +178,7 @@ func (w *waiting) checkRead(ctx context.Context, a *attempt, wm *lsn.LSN) (waitR
 	res, err := c.checked(b, w.method, inj, *wm)
 	if err == nil && res == waitRecheck {
 		a.drop()
+		b.holdSnapshot(w.cn.sess.set.version)
 		if w.pooled {
 			return waitUnchecked, nil
 		}

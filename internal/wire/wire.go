@@ -65,13 +65,14 @@ type Injection struct {
 	chained bool
 	refused bool // MustChain, and pgx's write could not take it // it went out so (set when sent)
 
-	sent    bool
-	sentAt  int64 // when, by time.Now().UnixNano(), just before the write
-	dropped bool  // disarmed before it was sent
-	done    bool
-	row     []string // first DataRow, text format; nil entries are NULL
-	null    []bool
-	err     *pgconn.PgError
+	sent     bool
+	withExec bool  // chained in front of pgx's execution of a statement
+	sentAt   int64 // when, by time.Now().UnixNano(), just before the write
+	dropped  bool  // disarmed before it was sent
+	done     bool
+	row      []string // first DataRow, text format; nil entries are NULL
+	null     []bool
+	err      *pgconn.PgError
 
 	// mu is the lock of the Conn it was armed on: its answer is filled in
 	// by whichever goroutine reads the socket (pgx's, or an Await on
@@ -163,12 +164,37 @@ func (in *Injection) ResetMessages(msgs []byte) {
 	*in = Injection{Msgs: msgs, row: in.row[:0], null: in.null[:0], mu: in.mu}
 }
 
-// Chained reports that in went out chained (Chain), in the implicit
-// transaction of pgx's statement behind it.
-func (in *Injection) Chained() bool {
+// SharesTx reports that in went out chained (Chain) in front of pgx's
+// execution of a statement, so ran in that statement's implicit
+// transaction. (Chained in front of a write of pgx's that only prepares,
+// it ran in that one's, and pgx's statement runs in a later transaction.)
+func (in *Injection) SharesTx() bool {
 	in.lock()
 	defer in.unlock()
-	return in.sent && in.chained
+	return in.sent && in.withExec
+}
+
+// parsesUnnamed reports whether in, chained, would Parse into the unnamed
+// statement: SQL (appendChained), or messages that start with such a Parse.
+func (in *Injection) parsesUnnamed() bool {
+	if in.Msgs == nil {
+		return true
+	}
+	return len(in.Msgs) > 5 && in.Msgs[0] == 'P' && in.Msgs[5] == 0
+}
+
+// bindsUnnamed reports whether pgx's write b starts with a Bind of the
+// unnamed statement (its name is the second string of the message, after
+// the portal's).
+func bindsUnnamed(b []byte) bool {
+	if len(b) < 6 || b[0] != 'B' {
+		return false
+	}
+	i := 5
+	for i < len(b) && b[i] != 0 { // the portal's name
+		i++
+	}
+	return i+1 < len(b) && b[i+1] == 0
 }
 
 // chainable reports whether in can go without a Sync of its own: SQL, or
@@ -386,9 +412,14 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 		in.sent, in.sentAt = true, now
 	}
 	extended := len(b) > 0 && (b[0] == 'P' || b[0] == 'B') && syncs > 0 && !simple
+	// pgx binding the unnamed statement it parsed in an earlier flush
+	// (describe_exec): an unnamed Parse of ours in front would take its
+	// place.
+	unnamedBind := bindsUnnamed(b)
 	var keep []*Injection
 	for i, in := range c.prefix {
-		in.chained = in.Chain && in.chainable() && extended && i == len(c.prefix)-1
+		in.chained = in.Chain && in.chainable() && extended && i == len(c.prefix)-1 && !(unnamedBind && in.parsesUnnamed())
+		in.withExec = in.chained && exec
 		if c.Peer.TxPooled && !in.MustChain {
 			// A segment of its own behind a transaction pooler: never.
 			in.refused = true

@@ -628,8 +628,8 @@ func TestChainedPrebuiltMessages(t *testing.T) {
 		if !bytes.Equal(got, pgxAnswer) {
 			t.Fatalf("seed %d: pgx saw %q", seed, got)
 		}
-		if row, _ := in.Row(); !in.Done() || !in.Chained() || len(row) != 3 || row[2] != "read committed" {
-			t.Fatalf("seed %d: done %v, chained %v, row %q", seed, in.Done(), in.Chained(), row)
+		if row, _ := in.Row(); !in.Done() || !in.SharesTx() || len(row) != 3 || row[2] != "read committed" {
+			t.Fatalf("seed %d: done %v, chained %v, row %q", seed, in.Done(), in.SharesTx(), row)
 		}
 	}
 	for _, tc := range []struct {
@@ -647,8 +647,8 @@ func TestChainedPrebuiltMessages(t *testing.T) {
 		in.Chain = true
 		c.Prefix(in)
 		c.Write(tc.pgx)
-		if !bytes.HasPrefix(under.written.Bytes(), tc.in) || in.Chained() {
-			t.Fatalf("%s: chained %v, wire\n% x", tc.name, in.Chained(), under.written.Bytes())
+		if !bytes.HasPrefix(under.written.Bytes(), tc.in) || in.SharesTx() {
+			t.Fatalf("%s: chained %v, wire\n% x", tc.name, in.SharesTx(), under.written.Bytes())
 		}
 	}
 }
@@ -727,6 +727,31 @@ func TestMustChain(t *testing.T) {
 	c.Write(q)
 	if in.Sent() || !in.Refused() || !bytes.Equal(under.written.Bytes(), q) {
 		t.Fatalf("in front of a simple Query: sent %v, refused %v", in.Sent(), in.Refused())
+	}
+
+	// pgx's describe_exec: it parses the unnamed statement in one flush
+	// and binds it in the next. Chained in front of that Bind, the
+	// injection's own unnamed Parse would take pgx's statement's place:
+	// refused.
+	under = &chunked{rng: rand.New(rand.NewSource(1))}
+	c = Wrap(under)
+	in = &Injection{SQL: "SELECT 2", Chain: true, MustChain: true}
+	c.Prefix(in)
+	c.Write(encF(t, &pgproto3.Parse{Query: "SELECT $1::int"}, &pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Sync{}))
+	under.written.Reset()
+	bindUnnamed := encF(t, &pgproto3.Bind{Parameters: [][]byte{[]byte("1")}}, &pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	c.Write(bindUnnamed)
+	if in.Sent() || !in.Refused() || !bytes.Equal(under.written.Bytes(), bindUnnamed) {
+		t.Fatalf("in front of a Bind of pgx's unnamed statement: sent %v, refused %v:\n% x", in.Sent(), in.Refused(), under.written.Bytes())
+	}
+	// A Bind of a named statement takes it.
+	under = &chunked{rng: rand.New(rand.NewSource(1))}
+	c = Wrap(under)
+	in = &Injection{SQL: "SELECT 2", Chain: true, MustChain: true}
+	c.Prefix(in)
+	c.Write(execute)
+	if !in.Sent() || !in.SharesTx() {
+		t.Fatalf("in front of a Bind of a named statement: sent %v, shares the transaction %v", in.Sent(), in.SharesTx())
 	}
 
 	under = &chunked{rng: rand.New(rand.NewSource(1))}
