@@ -26,11 +26,15 @@ const (
 	// And the OID of pg_current_wal_insert_lsn (NULL where there is none by
 	// that name), which later captures call with a FunctionCall message
 	// (backend.injectCapture).
-	sqlCapture = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn()), to_regprocedure('pg_catalog.pg_current_wal_insert_lsn()')::oid"
+	//
+	// Every name is pg_catalog's: the capture runs in the application's
+	// session, whose search_path may put a schema of its own, with a
+	// function of the same name, in front of pg_catalog.
+	sqlCapture = "SELECT pg_catalog.pg_current_wal_insert_lsn(), pg_catalog.current_setting('wal_block_size'), pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), pg_catalog.to_regprocedure('pg_catalog.pg_current_wal_insert_lsn()')::pg_catalog.oid"
 	// sqlCaptureLSN is sqlCapture's position alone, for a node where the
 	// fast-path call of the function was not yet seen to work, or failed
 	// (backend.injectCapture).
-	sqlCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
+	sqlCaptureLSN = "SELECT pg_catalog.pg_current_wal_insert_lsn()"
 )
 
 // Write capture and watermarks: what running a statement on the primary does

@@ -228,9 +228,9 @@ func (c *Connector) wireUp(cc *pgx.ConnConfig, n *node) {
 // pg_postmaster_start_time gets NULL there: no instance.
 // The fourth column is sqlSystem's: see checkSystemOf.
 const sqlIdentity = "SELECT pg_catalog.pg_backend_pid(), CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_postmaster_start_time()', 'EXECUTE')" +
-	" THEN pg_catalog.date_part('epoch', pg_catalog.pg_postmaster_start_time())::text END, COALESCE(pg_catalog.inet_server_port(), 0)," +
+	" THEN pg_catalog.date_part('epoch', pg_catalog.pg_postmaster_start_time())::pg_catalog.text END, COALESCE(pg_catalog.inet_server_port(), 0)," +
 	" CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')" +
-	" THEN (SELECT s.system_identifier::text FROM pg_catalog.pg_control_system() s) END"
+	" THEN (SELECT s.system_identifier::pg_catalog.text FROM pg_catalog.pg_control_system() s) END"
 
 // identify sets w.Peer for a connection to n just opened, by c's pooler
 // setting: with auto and session, from sqlIdentity's answer (one round
@@ -478,7 +478,7 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 
 // sqlGeneration names the primary's history: its system identifier, and its
 // timeline as the first eight hex digits of the current WAL file's name.
-const sqlGeneration = "SELECT s.system_identifier::text, pg_walfile_name(pg_current_wal_insert_lsn()) FROM pg_control_system() s"
+const sqlGeneration = "SELECT s.system_identifier::pg_catalog.text, pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()) FROM pg_catalog.pg_control_system() s"
 
 // generationOf returns the current writer's generation: its system
 // identifier, read on b (idle on the primary) the first time a Session

@@ -22,7 +22,7 @@ const (
 	// version's) has positions of another history, which say nothing of
 	// this one.
 	sqlSystem = "SELECT CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE')" +
-		" THEN (SELECT s.system_identifier::text FROM pg_catalog.pg_control_system() s) END"
+		" THEN (SELECT s.system_identifier::pg_catalog.text FROM pg_catalog.pg_control_system() s) END"
 )
 
 // The monitor watches every replica in the background, one goroutine per

@@ -41,12 +41,12 @@ const (
 	protoInsertLit  = "INSERT INTO t (v) VALUES (1)"
 	protoRead       = "SELECT v FROM t WHERE id = $1"
 	protoReadWriter = "SELECT v FROM t WHERE id = $1 /* pgryw:primary */"
-	protoCapture    = "SELECT pg_current_wal_insert_lsn(), current_setting('wal_block_size'), pg_walfile_name(pg_current_wal_insert_lsn()), to_regprocedure('pg_catalog.pg_current_wal_insert_lsn()')::oid"
+	protoCapture    = "SELECT pg_catalog.pg_current_wal_insert_lsn(), pg_catalog.current_setting('wal_block_size'), pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), pg_catalog.to_regprocedure('pg_catalog.pg_current_wal_insert_lsn()')::pg_catalog.oid"
 	protoPoll       = "SELECT pg_catalog.pg_last_wal_replay_lsn(), pg_catalog.pg_is_in_recovery()"
 	protoCheck      = "SELECT pg_catalog.pg_last_wal_replay_lsn(), pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_isolation')"
 	protoRecovery   = "SELECT pg_catalog.pg_is_in_recovery(), COALESCE(r.last_replayed_end_lsn, pg_catalog.pg_last_wal_replay_lsn()), r.last_replayed_tli, r.promote_triggered FROM (SELECT) AS one LEFT JOIN pg_catalog.pg_stat_recovery AS r ON true"
-	protoCaptureLSN = "SELECT pg_current_wal_insert_lsn()"
-	protoSystem     = "SELECT CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE') THEN (SELECT s.system_identifier::text FROM pg_catalog.pg_control_system() s) END"
+	protoCaptureLSN = "SELECT pg_catalog.pg_current_wal_insert_lsn()"
+	protoSystem     = "SELECT CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE') THEN (SELECT s.system_identifier::pg_catalog.text FROM pg_catalog.pg_control_system() s) END"
 
 	protoStart   = "0/2000000"  // the replica's replay position before the write
 	protoLSN     = "0/3000100"  // the writer's position after the write

@@ -85,11 +85,11 @@ const (
 	// more that it does not list (role, session_authorization and custom
 	// parameters such as app.tenant, as SET and set_config named them).
 	sqlState = `SELECT` +
-		` (SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()),` +
-		` (SELECT count(*) FROM pg_catalog.pg_listening_channels()),` +
-		` (SELECT count(*) FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()),` +
-		` (SELECT count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql),` +
-		` (SELECT count(*) FROM pg_catalog.pg_cursors WHERE is_holdable),` +
+		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()),` +
+		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_listening_channels()),` +
+		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()),` +
+		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql),` +
+		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_cursors WHERE is_holdable),` +
 		` (SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n, v) ORDER BY n) FROM` +
 		` (SELECT n, pg_catalog.current_setting(n, true) FROM` +
 		` (SELECT pg_catalog.lower(name) FROM pg_catalog.pg_settings WHERE source = 'session'` +
