@@ -42,10 +42,7 @@ func TestProtocolCheckChainedOnlyUnderReadCommitted(t *testing.T) {
 			if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
 				t.Fatalf("second read: %q, %v", v, err)
 			}
-			var got [][]string
-			for _, f := range flushes(pc.replica, false)[before:] {
-				got = append(got, f.msgs)
-			}
+			got := msgsOf(flushes(pc.replica, false)[before:])
 			want := [][]string{cat(parseCheck, checkMsgs, readExec), cat(checkMsgs, readExec)}
 			if iso != "read committed" {
 				want = [][]string{
@@ -110,10 +107,7 @@ func TestProtocolCheckWithPrepareHoldsUnderRepeatableRead(t *testing.T) {
 	if err := pc.db.QueryRow(protoRead, 7).Scan(&v); err != nil || v != "new" {
 		t.Fatalf("read: %q, %v", v, err)
 	}
-	var got [][]string
-	for _, f := range flushes(pc.replica, false)[before:] {
-		got = append(got, f.msgs)
-	}
+	got := msgsOf(flushes(pc.replica, false)[before:])
 	want := [][]string{
 		cat(parseCheck, checkMsgs, []string{"Parse " + protoRead, "Describe S " + protoRead, "Sync"}),
 		readExec,

@@ -415,6 +415,15 @@ type flush struct {
 
 func (f flush) String() string { return fmt.Sprintf("conn %d: %q", f.conn.ID(), f.msgs) }
 
+// msgsOf returns each flush's messages, summarized.
+func msgsOf(fs []flush) [][]string {
+	var got [][]string
+	for _, f := range fs {
+		got = append(got, f.msgs)
+	}
+	return got
+}
+
 // flushes returns every batch s received on connections that used the
 // extended protocol (the pool's; the monitor only sends simple queries)
 // or, with all, on every connection, leaving out pgx's pings; pgx's
@@ -1581,10 +1590,7 @@ func TestProtocolCutWriteRunsOnce(t *testing.T) {
 			if got := pgfake.Summary(conns[1].Batches()[0], nil); !reflect.DeepEqual(got, []string{"Query " + protoCapture}) {
 				t.Fatalf("new writer connection's first flush %q, want the capture alone", got)
 			}
-			var got [][]string
-			for _, f := range flushes(pc.replica, false) {
-				got = append(got, f.msgs)
-			}
+			got := msgsOf(flushes(pc.replica, false))
 			want := [][]string{
 				cat(parseCheck, checkMsgs, []string{"Parse " + protoRead, "Describe S " + protoRead, "Sync"}),
 				readExec,
