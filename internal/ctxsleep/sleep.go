@@ -18,7 +18,7 @@ const Short = short
 // process with nothing else to run (the runtime's network poller waits in
 // whole milliseconds on Linux), five times the 200 µs a replica poll means
 // to wait. Where the operating system offers a precise sleep (Linux:
-// nanosleep, late by the thread's timer slack, 50 µs by default), a sleep up
+// nanosleep, late by the thread's timer slack, which it sets to 1 µs), a sleep up
 // to Short takes it on the calling thread instead; the context is looked at
 // before and after, so it is overrun by at most Short.
 func Sleep(ctx context.Context, d time.Duration) error {
