@@ -137,6 +137,44 @@ func TestTargetRatios(t *testing.T) {
 	t.Fatal("no read-after-write target")
 }
 
+// pgryw's strategies in one process share a cluster scope: the lines
+// that need a pgryw pool alone (the write-only loop, a read with no
+// watermark) say so when another pgryw strategy that writes ran beside
+// them, and not when none did.
+func TestTargetsSharedScope(t *testing.T) {
+	notes := func(ss []summary) map[string]string {
+		m := map[string]string{}
+		for _, x := range targets(ss, 150018, false) {
+			name, _, _ := strings.Cut(x.Name, " (")
+			m[name] = x.Note
+		}
+		return m
+	}
+	const writeOnly, noWatermark = "write in a write-only loop ≤ 1.05x a plain insert", "read with no pending watermark ≤ 1.05x a plain replica read"
+	got := notes(sums())
+	for _, line := range []string{writeOnly, "primary CPU per write ≤ 1.10x a plain insert", noWatermark} {
+		if !strings.Contains(got[line], "shares a cluster scope with pgryw") {
+			t.Errorf("%s: note %q, want the shared scope named", line, got[line])
+		}
+	}
+	if strings.Contains(got[writeOnly], pgrywRead) {
+		t.Errorf("note %q names the read-only strategy, which writes nothing", got[writeOnly])
+	}
+	var alone []summary
+	for _, s := range sums() {
+		if s.Name != pgrywName {
+			alone = append(alone, s)
+		}
+	}
+	got = notes(alone)
+	if got[writeOnly] != "" {
+		t.Errorf("without another pgryw strategy that writes: note %q", got[writeOnly])
+	}
+	if !strings.Contains(got[noWatermark], "shares a cluster scope with pgryw-write:") {
+		t.Errorf("beside pgryw-write, which writes: note %q", got[noWatermark])
+	}
+}
+
 func TestIsClientTitle(t *testing.T) {
 	for title, want := range map[string]bool{
 		"postgres: replica0: postgres postgres 127.0.0.1(41234) idle":          true,
