@@ -153,6 +153,8 @@ func (c *Connector) watch(ctx context.Context, n *node) {
 			// Out of reads: its idle connections lead to a primary, to
 			// another cluster, or nowhere.
 			n.idle.drain()
+		} else {
+			n.idle.expire(time.Now().Add(-lentIdleTime).UnixNano())
 		}
 	}
 }

@@ -91,11 +91,20 @@ type node struct {
 // It holds at most as many as the connector has Conns open, so the limits
 // the application puts on its pool (idle connections, lifetime, idle
 // time) bound the replicas' connections too: each Conn closed trims it.
+// And a connection no Conn has borrowed for lentIdleTime is closed
+// (expire, by the node's monitor): a burst of reads leaves no more
+// connections behind than the reads after it use, even in a pool that
+// keeps its own connections open.
 type lendPool struct {
 	mu     sync.Mutex
 	idle   []*backend
-	closed bool // the connector closed: what comes back is closed
+	since  []int64 // when each of idle was given back (unix ns)
+	closed bool    // the connector closed: what comes back is closed
 }
+
+// lentIdleTime is how long a lent replica connection may wait, unborrowed,
+// before it is closed.
+const lentIdleTime = time.Minute
 
 // get returns an idle connection of the node's up generation ups, or nil;
 // those of an earlier one (opened before the node was last down) are
@@ -110,6 +119,7 @@ func (p *lendPool) get(ups uint32) *backend {
 		b := p.idle[len(p.idle)-1]
 		p.idle[len(p.idle)-1] = nil
 		p.idle = p.idle[:len(p.idle)-1]
+		p.since = p.since[:len(p.idle)]
 		p.mu.Unlock()
 		if b.current(ups) {
 			return b
@@ -128,6 +138,7 @@ func (p *lendPool) put(b *backend, most int) {
 		return
 	}
 	p.idle = append(p.idle, b)
+	p.since = append(p.since, time.Now().UnixNano())
 	p.mu.Unlock()
 }
 
@@ -140,9 +151,31 @@ func (p *lendPool) trim(most int) {
 		p.mu.Unlock()
 		return
 	}
+	p.closeOldest(n)
+}
+
+// expire closes the idle connections given back before before, the
+// oldest first (they are at the bottom: last in, first out).
+func (p *lendPool) expire(before int64) {
+	p.mu.Lock()
+	n := 0
+	for n < len(p.since) && p.since[n] < before {
+		n++
+	}
+	if n == 0 {
+		p.mu.Unlock()
+		return
+	}
+	p.closeOldest(n)
+}
+
+// closeOldest closes the n connections at the bottom of the pool. Call it
+// with p.mu held; it releases it before closing them.
+func (p *lendPool) closeOldest(n int) {
 	old := slices.Clone(p.idle[:n])
 	p.idle = append(p.idle[:0], p.idle[n:]...)
 	clear(p.idle[len(p.idle):cap(p.idle)])
+	p.since = append(p.since[:0], p.since[n:]...)
 	p.mu.Unlock()
 	for _, b := range old {
 		b.close()
@@ -161,7 +194,7 @@ func (p *lendPool) close() {
 func (p *lendPool) drain() {
 	p.mu.Lock()
 	idle := p.idle
-	p.idle = nil
+	p.idle, p.since = nil, nil
 	p.mu.Unlock()
 	for _, b := range idle {
 		b.close()
