@@ -73,12 +73,12 @@ const (
 // With it comes the code of every overload written in SQL or PL/pgSQL (the
 // languages whose text tells something), for sqlclass.BodyEffects: what
 // calling the function may do to the session.
-const sqlFuncVolatility = `SELECT q.i, bool_and(p.provolatile <> 'v'),
-  string_agg(CASE WHEN l.lanname IN ('sql', 'plpgsql') THEN p.prosrc END, E'\n')
-FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS q(nsp, name, i)
+const sqlFuncVolatility = `SELECT q.i, pg_catalog.bool_and(p.provolatile <> 'v'),
+  pg_catalog.string_agg(CASE WHEN l.lanname IN ('sql', 'plpgsql') THEN p.prosrc END, E'\n')
+FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])) WITH ORDINALITY AS q(nsp, name, i)
 LEFT JOIN (pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
   JOIN pg_catalog.pg_language l ON l.oid = p.prolang)
-  ON p.proname = q.name::name AND (q.nsp = '' OR n.nspname = q.nsp::name)
+  ON p.proname = q.name::pg_catalog.name AND (q.nsp = '' OR n.nspname = q.nsp::pg_catalog.name)
 GROUP BY q.i`
 
 // funcInfo is what the catalog says of a function name.

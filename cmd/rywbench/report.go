@@ -141,8 +141,12 @@ func targets(sums []summary, serverVersionNum int, lagged bool) []target {
 		}
 		alone := func(t target, kind string) target {
 			if others := scopeSharers(by, kind); len(others) > 0 && t.Status != "n/a" {
-				t.Note = "shares a cluster scope with " + strings.Join(others, ", ") +
+				note := "shares a cluster scope with " + strings.Join(others, ", ") +
 					": one watermark, and capture=auto's pause after a miss; run " + kind + " without them for this line"
+				if t.Note != "" {
+					note = t.Note + "; " + note
+				}
+				t.Note = note
 			}
 			return t
 		}
@@ -168,16 +172,18 @@ func targets(sums []summary, serverVersionNum int, lagged bool) []target {
 	return append(ts, target{Name: "cached routing 0 allocations", Status: "n/a", Note: "not measured by rywbench: make allocs"})
 }
 
-// scopeSharers returns the other pgryw strategies of the run that write
-// (all but the read-only ones): their connectors name the same writer and
-// database as kind's, so the process gives them one cluster scope, whose
-// watermark and capture=auto pause kind's figures then carry. A write-only
-// loop keeps its captures within a second of another's read, and a
-// read-only pool waits for the others' writes.
+// scopeSharers returns the run's other pgryw strategies with replicas:
+// their connectors name the same writer and database as kind's, so the
+// process gives them one cluster scope, whose watermark and capture=auto
+// state kind's figures then carry. A write-only loop keeps a capture after
+// another's read (which counts as a use of the watermark, or, finding a
+// position lost, pauses capture=auto's skipping for a second), and a
+// read-only pool waits for the others' writes. A pool without replicas
+// captures nothing and reads no watermark.
 func scopeSharers(by map[string]summary, kind string) []string {
 	var out []string
 	for _, k := range pgrywKinds {
-		if _, ok := by[k]; ok && k != kind && k != pgrywRead && k != poolRead {
+		if _, ok := by[k]; ok && k != kind && k != pgrywNoReplica && k != poolNoReplica {
 			out = append(out, k)
 		}
 	}

@@ -139,8 +139,9 @@ func TestTargetRatios(t *testing.T) {
 
 // pgryw's strategies in one process share a cluster scope: the lines
 // that need a pgryw pool alone (the write-only loop, a read with no
-// watermark) say so when another pgryw strategy that writes ran beside
-// them, and not when none did.
+// watermark) say so when another pgryw strategy with replicas ran beside
+// them, and not when none did (a pool without replicas does not count);
+// a line's own note (stale reads) stays.
 func TestTargetsSharedScope(t *testing.T) {
 	notes := func(ss []summary) map[string]string {
 		m := map[string]string{}
@@ -157,21 +158,29 @@ func TestTargetsSharedScope(t *testing.T) {
 			t.Errorf("%s: note %q, want the shared scope named", line, got[line])
 		}
 	}
-	if strings.Contains(got[writeOnly], pgrywRead) {
-		t.Errorf("note %q names the read-only strategy, which writes nothing", got[writeOnly])
+	if !strings.Contains(got[writeOnly], pgrywRead) {
+		t.Errorf("note %q leaves out the read-only strategy, whose reads count as uses of the watermark", got[writeOnly])
 	}
 	var alone []summary
 	for _, s := range sums() {
-		if s.Name != pgrywName {
+		switch s.Name {
+		case pgrywName, pgrywRead:
+		default:
 			alone = append(alone, s)
 		}
 	}
-	got = notes(alone)
-	if got[writeOnly] != "" {
-		t.Errorf("without another pgryw strategy that writes: note %q", got[writeOnly])
+	alone = append(alone, summary{Name: pgrywNoReplica, Reads: 100, ReadP50: 0.1, ReadP95: 0.2})
+	if got := notes(alone); got[writeOnly] != "" {
+		t.Errorf("beside a pool without replicas alone: note %q", got[writeOnly])
 	}
-	if !strings.Contains(got[noWatermark], "shares a cluster scope with pgryw-write:") {
-		t.Errorf("beside pgryw-write, which writes: note %q", got[noWatermark])
+	stale := sums()
+	for i := range stale {
+		if stale[i].Name == pgrywRead {
+			stale[i].Stale = 3
+		}
+	}
+	if got := notes(stale); !strings.Contains(got[noWatermark], "3 stale reads") || !strings.Contains(got[noWatermark], "shares a cluster scope") {
+		t.Errorf("stale reads and a shared scope: note %q, want both", got[noWatermark])
 	}
 }
 
