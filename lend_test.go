@@ -24,16 +24,16 @@ func TestLendPoolExpire(t *testing.T) {
 	for i := range bs {
 		bs[i] = &backend{conn: closeCounter{closed: &closed}}
 	}
-	now := time.Now().UnixNano()
+	now := time.Now()
 	for _, b := range bs {
 		p.put(b, 10)
 	}
-	p.since[0], p.since[1] = now-int64(2*lentIdleTime), now-int64(lentIdleTime)-1
-	p.expire(now - int64(lentIdleTime))
+	p.since[0], p.since[1] = now.Add(-2*lentIdleTime), now.Add(-lentIdleTime-1)
+	p.expire(now.Add(-lentIdleTime))
 	if closed != 2 || p.size() != 1 || p.idle[0] != bs[2] || len(p.since) != 1 {
 		t.Fatalf("closed %d, %d left (%v), since %v; want the two oldest closed", closed, p.size(), p.idle, p.since)
 	}
-	p.expire(now - int64(lentIdleTime))
+	p.expire(now.Add(-lentIdleTime))
 	if closed != 2 || p.size() != 1 {
 		t.Fatalf("closed %d, %d left; the one given back since must stay", closed, p.size())
 	}

@@ -154,7 +154,7 @@ func (c *Connector) watch(ctx context.Context, n *node) {
 			// another cluster, or nowhere.
 			n.idle.drain()
 		} else {
-			n.idle.expire(time.Now().Add(-lentIdleTime).UnixNano())
+			n.idle.expire(time.Now().Add(-lentIdleTime))
 		}
 	}
 }

@@ -98,8 +98,8 @@ type node struct {
 type lendPool struct {
 	mu     sync.Mutex
 	idle   []*backend
-	since  []int64 // when each of idle was given back (unix ns)
-	closed bool    // the connector closed: what comes back is closed
+	since  []time.Time // when each of idle was given back (monotonic)
+	closed bool        // the connector closed: what comes back is closed
 }
 
 // lentIdleTime is how long a lent replica connection may wait, unborrowed,
@@ -138,7 +138,7 @@ func (p *lendPool) put(b *backend, most int) {
 		return
 	}
 	p.idle = append(p.idle, b)
-	p.since = append(p.since, time.Now().UnixNano())
+	p.since = append(p.since, time.Now())
 	p.mu.Unlock()
 }
 
@@ -156,10 +156,10 @@ func (p *lendPool) trim(most int) {
 
 // expire closes the idle connections given back before before, the
 // oldest first (they are at the bottom: last in, first out).
-func (p *lendPool) expire(before int64) {
+func (p *lendPool) expire(before time.Time) {
 	p.mu.Lock()
 	n := 0
-	for n < len(p.since) && p.since[n] < before {
+	for n < len(p.since) && p.since[n].Before(before) {
 		n++
 	}
 	if n == 0 {

@@ -14,7 +14,9 @@ import (
 // says 0/1 and its pg_last_wal_replay_lsn says every position is replayed:
 // with unqualified names the first write's capture was the former and every
 // check the latter, and reads after writes on replicas 100 ms behind came
-// back without the write.
+// back without the write. Its text = is never true: with the read-back's
+// unqualified operators a session's advisory lock went unseen, and its
+// reads went on to replicas.
 func TestIntegrationShadowedCatalogFunctions(t *testing.T) {
 	ctx := context.Background()
 	setDelay(t, 100*time.Millisecond)
@@ -25,6 +27,10 @@ func TestIntegrationShadowedCatalogFunctions(t *testing.T) {
 		"CREATE SCHEMA ryw_shadow",
 		"CREATE FUNCTION ryw_shadow.pg_current_wal_insert_lsn() RETURNS pg_lsn LANGUAGE sql AS $$SELECT '0/1'::pg_lsn$$",
 		"CREATE FUNCTION ryw_shadow.pg_last_wal_replay_lsn() RETURNS pg_lsn LANGUAGE sql AS $$SELECT 'FFFFFFFF/FFFFFFFF'::pg_lsn$$",
+		// And a text = that is never true: the state read-back then
+		// found no advisory lock and no session setting.
+		"CREATE FUNCTION ryw_shadow.never(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$SELECT false$$",
+		"CREATE OPERATOR ryw_shadow.= (LEFTARG = text, RIGHTARG = text, FUNCTION = ryw_shadow.never)",
 	} {
 		if _, err := setup.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -65,5 +71,15 @@ func TestIntegrationShadowedCatalogFunctions(t *testing.T) {
 	}
 	if onReplica == 0 {
 		t.Fatalf("no read ran on a replica; stats %+v", c.Stats())
+	}
+	// A session advisory lock pins the connection to the primary.
+	if _, err := cn.ExecContext(ctx, "SELECT pg_advisory_lock(4242)"); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Pinned != 1 {
+		t.Errorf("after pg_advisory_lock: %d connections pinned (%v), want 1", st.Pinned, st.PinnedBy)
+	}
+	if _, err := cn.ExecContext(ctx, "SELECT pg_advisory_unlock(4242)"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -84,16 +84,19 @@ const (
 	// transaction_* ones, which last one transaction), and $1 names
 	// more that it does not list (role, session_authorization and custom
 	// parameters such as app.tenant, as SET and set_config named them).
+	// Its functions, types and operators are pg_catalog's: it runs in the
+	// application's session, whose search_path may put another schema
+	// first.
 	sqlState = `SELECT` +
-		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()),` +
+		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()),` +
 		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_listening_channels()),` +
-		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()),` +
+		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_class WHERE relnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()),` +
 		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql),` +
 		` (SELECT pg_catalog.count(*) FROM pg_catalog.pg_cursors WHERE is_holdable),` +
 		` (SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n, v) ORDER BY n) FROM` +
 		` (SELECT n, pg_catalog.current_setting(n, true) FROM` +
-		` (SELECT pg_catalog.lower(name) FROM pg_catalog.pg_settings WHERE source = 'session'` +
-		` AND name NOT IN ('transaction_isolation', 'transaction_read_only', 'transaction_deferrable')` +
+		` (SELECT pg_catalog.lower(name) FROM pg_catalog.pg_settings WHERE source OPERATOR(pg_catalog.=) 'session'` +
+		` AND name OPERATOR(pg_catalog.<>) ALL ('{transaction_isolation,transaction_read_only,transaction_deferrable}'::pg_catalog.text[])` +
 		` UNION SELECT pg_catalog.lower(t) FROM pg_catalog.unnest($1::pg_catalog.text[]) t) s(n)) x(n, v)` +
 		` WHERE v IS NOT NULL)`
 	// sqlApplySettings sets each parameter of $1 to the value at the same

@@ -420,7 +420,7 @@ func (t *tx) runBeside(op *stmtOp, cls *sqlclass.Result) error {
 		// Within a bound of its own: the caller's context may be what
 		// ended the statement.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(op.ctx), besideAbortTimeout)
-		t.b.control(ctx, "SELECT 1/0") //nolint:errcheck // it fails: that is what it is for
+		t.b.control(ctx, "SELECT 1 OPERATOR(pg_catalog./) 0") //nolint:errcheck // it fails: that is what it is for
 		cancel()
 		t.aborted = true
 	}
