@@ -189,25 +189,25 @@ func (h *history) lastAtOrBefore(l lsn.LSN) (int64, bool) {
 // trailing poll settled by the connection's next read, can be seconds
 // after it ran); if it was last seen at or before p at T', at most at−T'
 // (it has replayed that). Both hold as of sent, and count only when no
-// poll sent later was taken in before. A lower bound is kept until a higher one
-// or a contradicting upper bound comes, an upper bound until a lower one
-// or a contradicting lower bound does, each for lagFresh after the last
-// poll it was consistent with. With writes every few milliseconds on a
+// poll sent later was taken in before. A lower bound is kept until a
+// higher one or a contradicting upper bound comes, an upper bound until a
+// lower one or a contradicting lower bound does, each for lagFresh after
+// the last poll it was consistent with. With writes every few milliseconds on a
 // replica 50 ms behind, the bounds from many polls close in on the lag,
 // which is what predicts the next write's wait (pollAt).
 func (t *topology) observe(n *node, inst uint64, p lsn.LSN, sent, at int64) {
 	n.sawReplay(p, inst)
+	if sent < max(n.lagAt.Load(), n.lagHighAt.Load()) {
+		// A poll sent after this one was taken in already: what this
+		// one says is older (a trailing poll settled late).
+		return
+	}
 	lb, ub := int64(-1), int64(-1)
 	if T, ok := t.hist.firstAfter(p, true); ok && sent > T {
 		lb = sent - T
 	}
 	if T, ok := t.hist.lastAtOrBefore(p); ok {
 		ub = max(at-T, 0)
-	}
-	if sent < max(n.lagAt.Load(), n.lagHighAt.Load()) {
-		// A poll sent after this one was taken in already: what this
-		// one says is older (a trailing poll settled late).
-		return
 	}
 	n.bounds(lb, ub, sent)
 }

@@ -35,8 +35,9 @@ const (
 	// and has everything replayed by then. Under REPEATABLE READ or
 	// SERIALIZABLE (a default of the session's, role's or server's) the
 	// poll's own Bind (its Parse, unprepared) took the transaction's
-	// snapshot before it read the position: a position that reached the watermark then says nothing of
-	// the snapshot, and the check is not used (checked).
+	// snapshot before it read the position: a position that reached the
+	// watermark then says nothing of the snapshot, and the check is not
+	// used (checked).
 	sqlCheck = "SELECT pg_catalog.pg_last_wal_replay_lsn(), pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_isolation')"
 )
 
@@ -301,15 +302,17 @@ func (c *Connector) armCheck(b *backend, method WaitMethod, wm lsn.LSN, budget t
 			inj.Reset(sqlCheck)
 			inj.Chain, inj.MustChain = true, true
 		case !chain || b.peer.Unnamed:
-			// A session pooler's connections prepare nothing by name:
-			// an unnamed Parse in the read's transaction could take
-			// the place of pgx's own unnamed statement.
+			// With a Sync of its own: the caller said so (a BEGIN, a
+			// simple Query; reads that hold their snapshot from their
+			// first statement), or a session pooler's connection,
+			// which prepares nothing by name: an unnamed Parse in the
+			// read's transaction could take the place of pgx's own
+			// unnamed statement.
 			inj = b.injectPrepared(&b.pre, stmtPoll, sqlPoll)
 		default:
 			// In the read's own transaction where the read is an
 			// extended-protocol one: one ReadyForQuery, and one server
-			// flush, fewer. (chain is false for a transaction's BEGIN,
-			// a simple Query.)
+			// flush, fewer.
 			inj = b.injectPrepared(&b.pre, stmtCheck, sqlCheck)
 			inj.Chain = true
 		}

@@ -48,9 +48,9 @@ type Injection struct {
 	// write right behind it starts with an extended-protocol message: SQL
 	// as an unnamed Parse/Bind/Execute, Msgs (not a FunctionCall) less
 	// their Sync. Its answer then comes in the same server flush as pgx's,
-	// whose Sync ends the implicit transaction both run in. An error of the injection's makes the server skip pgx's
-	// messages up to their Sync: pgx is then given the ErrorResponse as
-	// its own.
+	// whose Sync ends the implicit transaction both run in. An error of
+	// the injection's makes the server skip pgx's messages up to their
+	// Sync: pgx is then given the ErrorResponse as its own.
 	Chain bool
 	// MustChain: sent only chained in front of a write of pgx's that
 	// executes its statement in the extended protocol, so that both run in
@@ -415,7 +415,7 @@ func (c *Conn) splice(b []byte) (buf []byte, lead int) {
 	// pgx binding the unnamed statement it parsed in an earlier flush
 	// (describe_exec): an unnamed Parse of ours in front would take its
 	// place.
-	unnamedBind := bindsUnnamed(b)
+	unnamedBind := len(c.prefix) > 0 && bindsUnnamed(b)
 	var keep []*Injection
 	for i, in := range c.prefix {
 		in.chained = in.Chain && in.chainable() && extended && i == len(c.prefix)-1 && !(unnamedBind && in.parsesUnnamed())
