@@ -46,6 +46,10 @@ type node struct {
 	lagHigh   atomic.Int64
 	lagHighAt atomic.Int64
 	waits     atomic.Int64 // reads waiting on this replica (max_waits, overload.go)
+	// firstDelay is how long after a write a read's first check is sent
+	// to this replica, ns (pace.go): learned from first checks, so that
+	// about one in four finds the replica behind.
+	firstDelay atomic.Int64
 	// waiting is the reads that wait for it to replay their watermarks
 	// by polling: the monitor polls for them (monitor.go).
 	waiting waitList

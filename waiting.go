@@ -67,8 +67,15 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 			first = 1
 		}
 	}
+	var paced pacing
+	if first == 0 {
+		paced = w.paceFirst(ctx, *wm)
+	}
 	for i := first; ; i++ {
 		res, err := w.try(ctx, a, wm, i)
+		if i == 0 {
+			paced.learn(res, err)
+		}
 		if err != nil || res != waitBehind {
 			return res, err
 		}
