@@ -106,7 +106,7 @@ func openLoadTarget(cfg *config, e *env, name string) (*loadTarget, error) {
 		}
 	case pgrywName, pgrywSession:
 		var p *pgrywStrategy
-		p, err = newPgryw(name, e.primaryDSN, e.replicaAddrs, cfg.budget, cfg.workers)
+		p, err = newPgryw(name, e.pgrywDSN(name), e.replicaAddrs, cfg.budget, cfg.workers)
 		if p != nil {
 			t.primary, t.conn = p.db, p.conn
 			t.closers = append(t.closers, p.db)

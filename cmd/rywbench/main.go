@@ -359,6 +359,9 @@ type env struct {
 	serverVersion    string
 	serverVersionNum int
 	tables           []string
+	// scopeHost: each pgryw strategy's writer address on a local
+	// cluster (scopes.go); nil with -primary.
+	scopeHost map[string]string
 }
 
 func (e *env) close() {
@@ -406,6 +409,13 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 		// each on every node; pgtest allows 200.
 		if need := cfg.workers*(len(cfg.strategies)+2) + 50; need > 200 {
 			settings = append(settings, fmt.Sprintf("max_connections = %d", need))
+		}
+		// Each pgryw strategy's writer address, for a cluster scope of its
+		// own (scopes.go).
+		var hosts []string
+		e.scopeHost, hosts = scopeHosts(scopedKinds(cfg.strategies), canListen)
+		if len(hosts) > 1 {
+			settings = append(settings, listenLine(hosts))
 		}
 		settings = append(settings, cfg.settings...) // -conf wins
 		if cfg.pgss {
@@ -551,7 +561,7 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 				bp.replicas = append(bp.replicas, db)
 			}
 		case slices.Contains(pgrywKinds, s):
-			ps, err := newPgryw(s, e.primaryDSN, e.replicaAddrs, cfg.budget, cfg.workers)
+			ps, err := newPgryw(s, e.pgrywDSN(s), e.replicaAddrs, cfg.budget, cfg.workers)
 			if err != nil {
 				return e, err
 			}
@@ -744,6 +754,7 @@ func (b *bench) run(ctx context.Context) ([]*result, error) {
 		if p, ok := b.env.pgryws[r.name]; ok {
 			d := statsDiff(p.conn.Stats(), pgrywBefore[r.name])
 			r.pgrywDiff = &d
+			r.scope = b.env.scopeHost[r.name]
 		}
 	}
 	return results, nil

@@ -172,24 +172,6 @@ func targets(sums []summary, serverVersionNum int, lagged bool) []target {
 	return append(ts, target{Name: "cached routing 0 allocations", Status: "n/a", Note: "not measured by rywbench: make allocs"})
 }
 
-// scopeSharers returns the run's other pgryw strategies with replicas:
-// their connectors name the same writer and database as kind's, so the
-// process gives them one cluster scope, whose watermark and capture=auto
-// state kind's figures then carry. A write-only loop keeps a capture after
-// another's read (which counts as a use of the watermark, or, finding a
-// position lost, pauses capture=auto's skipping for a second), and a
-// read-only pool waits for the others' writes. A pool without replicas
-// captures nothing and reads no watermark.
-func scopeSharers(by map[string]summary, kind string) []string {
-	var out []string
-	for _, k := range pgrywKinds {
-		if _, ok := by[k]; ok && k != kind && k != pgrywNoReplica && k != poolNoReplica {
-			out = append(out, k)
-		}
-	}
-	return out
-}
-
 func printTargets(w io.Writer, ts []target, e *env, workers int) {
 	fmt.Fprintf(w, "\nTargets (PostgreSQL %s, %d workers; same run, rounds interleaved):\n", e.serverVersion, workers)
 	for _, t := range ts {
@@ -257,6 +239,14 @@ func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup 
 				"  Waits=%d WaitTimeouts=%d Captures=%d CaptureFailures=%d\n",
 				s.Name, st.ReplicaReads, st.PrimaryReads, st.Fallbacks, st.StaleReads, st.BehindErrors,
 				st.Waits, st.WaitTimeouts, st.Captures, st.CaptureFailures)
+			if s.Scope != "" {
+				fmt.Fprintf(w, "  (its pool named the writer %s", s.Scope)
+				if others := scopeSharers(byName(sums), s.Name); len(others) > 0 {
+					fmt.Fprintf(w, ", as %s did: one cluster scope)\n", strings.Join(others, ", "))
+				} else {
+					fmt.Fprintf(w, ": a cluster scope of its own)\n")
+				}
+			}
 		}
 	}
 

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -173,6 +175,34 @@ func TestTargetsSharedScope(t *testing.T) {
 	if got := notes(alone); got[writeOnly] != "" {
 		t.Errorf("beside a pool without replicas alone: note %q", got[writeOnly])
 	}
+	// Each pool named the writer by an address of its own (scopes.go):
+	// no line needs a note.
+	own := sums()
+	for i := range own {
+		own[i].Scope = fmt.Sprintf("127.0.0.%d", i+1)
+	}
+	for line, note := range notes(own) {
+		if strings.Contains(note, "shares a cluster scope") {
+			t.Errorf("scopes of their own: %s: note %q", line, note)
+		}
+	}
+	// Two of three on one address: those two are named.
+	two := sums()
+	for i := range two {
+		switch two[i].Name {
+		case pgrywWrite:
+			two[i].Scope = "127.0.0.2"
+		default:
+			two[i].Scope = "127.0.0.1"
+		}
+	}
+	got = notes(two)
+	if got[writeOnly] != "" {
+		t.Errorf("write-only pool on an address of its own: note %q", got[writeOnly])
+	}
+	if !strings.Contains(got[noWatermark], "shares a cluster scope with pgryw") || strings.Contains(got[noWatermark], pgrywWrite) {
+		t.Errorf("read-only pool sharing the loop's address: note %q, want pgryw named and not %s", got[noWatermark], pgrywWrite)
+	}
 	stale := sums()
 	for i := range stale {
 		if stale[i].Name == pgrywRead {
@@ -262,5 +292,44 @@ func TestLoadTargets(t *testing.T) {
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestScopeHosts: each pgryw strategy with replicas gets a writer address
+// of its own, as far as the addresses can be bound; the rest share
+// 127.0.0.1; the DSN names the address.
+func TestScopeHosts(t *testing.T) {
+	kinds := scopedKinds([]string{spinFloor, pgrywName, pgrywNoReplica, pgrywWrite, naiveReplica, pgrywRead, pgrywName})
+	if want := []string{pgrywName, pgrywWrite, pgrywRead}; !slices.Equal(kinds, want) {
+		t.Fatalf("scopedKinds: %v, want %v", kinds, want)
+	}
+	by, hosts := scopeHosts(kinds, func(string) bool { return true })
+	if by[pgrywName] != "127.0.0.1" || by[pgrywWrite] != "127.0.0.2" || by[pgrywRead] != "127.0.0.3" || len(hosts) != 3 {
+		t.Errorf("all bindable: %v, listening on %v", by, hosts)
+	}
+	if l := listenLine(hosts); l != "listen_addresses = '127.0.0.1,127.0.0.2,127.0.0.3'" {
+		t.Errorf("listen line %q", l)
+	}
+	by, hosts = scopeHosts(kinds, func(h string) bool { return h == "127.0.0.2" })
+	if by[pgrywName] != "127.0.0.1" || by[pgrywWrite] != "127.0.0.2" || by[pgrywRead] != "127.0.0.1" || len(hosts) != 2 {
+		t.Errorf("127.0.0.3 not bindable: %v, listening on %v", by, hosts)
+	}
+	by, hosts = scopeHosts(kinds, func(string) bool { return false })
+	if by[pgrywWrite] != "127.0.0.1" || len(hosts) != 1 {
+		t.Errorf("none bindable: %v, listening on %v", by, hosts)
+	}
+
+	e := &env{primaryDSN: "postgres://postgres@127.0.0.1:5433/postgres?sslmode=disable", scopeHost: map[string]string{pgrywName: "127.0.0.1", pgrywWrite: "127.0.0.2"}}
+	if d := e.pgrywDSN(pgrywWrite); d != "postgres://postgres@127.0.0.2:5433/postgres?sslmode=disable" {
+		t.Errorf("pgrywDSN(%s) = %q", pgrywWrite, d)
+	}
+	for _, k := range []string{pgrywName, pgrywRead} {
+		if d := e.pgrywDSN(k); d != e.primaryDSN {
+			t.Errorf("pgrywDSN(%s) = %q, want the writer's DSN", k, d)
+		}
+	}
+	e.primaryDSN = "postgres://u@db.example:5432/app"
+	if d := e.pgrywDSN(pgrywWrite); d != e.primaryDSN {
+		t.Errorf("given servers: pgrywDSN = %q, want the DSN as it is", d)
 	}
 }

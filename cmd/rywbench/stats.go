@@ -39,6 +39,7 @@ type result struct {
 	earlyLat  []time.Duration
 	cost      costDelta    // server cost over the measured slices
 	pgrywDiff *pgryw.Stats // pgryw pools only: Stats over the measured iterations
+	scope     string       // pgryw pools only: the writer address named (scopes.go)
 }
 
 func (r *result) add(s sample) {
@@ -76,7 +77,8 @@ func (r *result) add(s sample) {
 // call.
 type summary struct {
 	Name         string       `json:"strategy"`
-	Shape        string       `json:"shape"` // insert+read, insert, read
+	Scope        string       `json:"cluster_scope,omitempty"` // pgryw: the writer address its pool named (scopes.go)
+	Shape        string       `json:"shape"`                   // insert+read, insert, read
 	Reads        int          `json:"reads"`
 	Writes       int          `json:"writes"`
 	Stale        int          `json:"stale"`
@@ -106,7 +108,7 @@ func (sh shape) String() string {
 }
 
 func (r *result) summarize() summary {
-	s := summary{Name: r.name, Shape: r.shape.String(), Reads: r.reads, Writes: r.writes, Stale: r.stale, Errors: r.errors, PgrywStats: r.pgrywDiff}
+	s := summary{Name: r.name, Scope: r.scope, Shape: r.shape.String(), Reads: r.reads, Writes: r.writes, Stale: r.stale, Errors: r.errors, PgrywStats: r.pgrywDiff}
 	if r.firstErr != nil {
 		s.FirstError = r.firstErr.Error()
 	}
