@@ -43,7 +43,7 @@ type pendingCapture struct {
 	inj     *wire.Injection
 	wrote   bool     // a possible commit: it advances the shared watermarks
 	seen    lostSeen // lost counts before it was sent
-	at      int64    // when the statement's answer was in, unix ns (pace.go)
+	at      int64    // when the possible commit's answer was in, unix ns (pace.go); 0 for a statement that wrote nothing
 	cs      *Session // the statement's context's Session, if any
 	db      bool     // registered with the connector (session_scope=db)
 	settled bool
@@ -179,7 +179,10 @@ func (cn *Conn) deferCapture(ctx context.Context, ws *primaryStmt, err error, wr
 		return false // the Session's generation needs a query on this connection first
 	}
 	w.wire.Disarm()
-	p := &pendingCapture{cn: cn, b: w, inj: inj, wrote: wrote, seen: ws.seen, at: time.Now().UnixNano()}
+	p := &pendingCapture{cn: cn, b: w, inj: inj, wrote: wrote, seen: ws.seen}
+	if wrote {
+		p.at = time.Now().UnixNano()
+	}
 	cn.pending = cn.c.registerPending(p, cs)
 	return true
 }

@@ -99,3 +99,14 @@ func CloseIdleReplicaConns(c *Connector) {
 // IdleReplicaConns is how many replica connections of replica i no Conn of
 // c's holds.
 func IdleReplicaConns(c *Connector, i int) int { return c.topo.replicas[i].idle.size() }
+
+// FirstDelay returns replica i's learned delay before a read's first
+// check (pace.go).
+func FirstDelay(c *Connector, i int) time.Duration {
+	return time.Duration(c.topo.replicas[i].firstDelay.Load())
+}
+
+// SetFirstDelay sets replica i's delay before a read's first check.
+func SetFirstDelay(c *Connector, i int, d time.Duration) {
+	c.topo.replicas[i].firstDelay.Store(int64(d))
+}

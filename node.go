@@ -48,8 +48,12 @@ type node struct {
 	waits     atomic.Int64 // reads waiting on this replica (max_waits, overload.go)
 	// firstDelay is how long after a write a read's first check is sent
 	// to this replica, ns (pace.go): learned from first checks, so that
-	// about one in four finds the replica behind.
+	// about one in four finds the replica behind (unless capped at
+	// paceMax).
 	firstDelay atomic.Int64
+	// pacing counts the reads in a pacing pause before their first check
+	// (pace.go): the first sleeps on its thread, the others on timers.
+	pacing atomic.Int32
 	// waiting is the reads that wait for it to replay their watermarks
 	// by polling: the monitor polls for them (monitor.go).
 	waiting waitList

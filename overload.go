@@ -176,13 +176,22 @@ func behindError(n *node, wm lsn.LSN, waited time.Duration, limit string) *Repli
 // enterWait takes one of max_waits' places on replica n for a read about to
 // make it wait, and reports false (counted) when they are all taken.
 func (c *Connector) enterWait(n *node) bool {
+	if c.takeWait(n) {
+		return true
+	}
+	c.stats.waitsRefused.Add(1)
+	c.logAt(slog.LevelDebug, "pgryw: read does not wait on a replica: max_waits reached",
+		slog.String("replica", n.addr), slog.Int64("max_waits", c.over.maxWaits))
+	return false
+}
+
+// takeWait is enterWait without counting or logging a refusal: for a
+// pause a read can go without (pace.go).
+func (c *Connector) takeWait(n *node) bool {
 	w := &n.waits
 	for {
 		cur := w.Load()
 		if c.over.maxWaits > 0 && cur >= c.over.maxWaits {
-			c.stats.waitsRefused.Add(1)
-			c.logAt(slog.LevelDebug, "pgryw: read does not wait on a replica: max_waits reached",
-				slog.String("replica", n.addr), slog.Int64("max_waits", c.over.maxWaits))
 			return false
 		}
 		if w.CompareAndSwap(cur, cur+1) {

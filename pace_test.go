@@ -95,6 +95,14 @@ func TestPaceLearns(t *testing.T) {
 		}
 	}
 
+	// A read sent long after its write that finds the replica behind: the
+	// lag history's to follow, not the delay's.
+	n.firstDelay.Store(100 * us)
+	pacing{n: n, at: 50000 * us, d: 100 * us, paced: true}.learn(waitBehind, nil)
+	if d := n.firstDelay.Load(); d != 100*us {
+		t.Errorf("behind 50 ms after its write: delay moved to %v", time.Duration(d))
+	}
+
 	// After a sleep, a check sent late by however late the sleep woke is
 	// still on time.
 	n.firstDelay.Store(100 * us)
@@ -114,8 +122,11 @@ func TestPaceLearns(t *testing.T) {
 }
 
 // TestPaceFirst: the first check waits until the replica's delay after the
-// write has passed, and not at all where the server waits, where the write
-// is long done, or where the budget or the caller's deadline is near.
+// write has passed, never longer than the delay, and not at all where the
+// server waits, where the write is long done, where the replica has a
+// steady lag, where max_waits reads pause already, or where the budget or
+// the caller's deadline is near. (Bases in the future: the pause is then
+// the delay whatever the test's own timing.)
 func TestPaceFirst(t *testing.T) {
 	c := &Connector{}
 	cn := &Conn{c: c}
@@ -123,50 +134,58 @@ func TestPaceFirst(t *testing.T) {
 	b := &backend{node: n}
 	delay := 300 * time.Microsecond
 	n.firstDelay.Store(int64(delay))
-	now := time.Now()
-	c.topo.hist.add(100, now.UnixNano(), 1)
+	later := time.Now().Add(time.Minute).UnixNano()
+	c.topo.hist.add(100, later, 1)
+	poll := func() waiting {
+		return waiting{cn: cn, b: b, method: WaitPoll, deadline: time.Now().Add(time.Second)}
+	}
 
-	w := waiting{cn: cn, b: b, method: WaitPoll, deadline: now.Add(time.Second)}
+	w := poll()
 	start := time.Now()
 	p := w.paceFirst(context.Background(), 100)
-	if !p.paced || !p.waited || time.Since(now) < delay {
-		t.Fatalf("just after the write: %+v after %v, want a wait until %v after it", p, time.Since(start), delay)
+	if took := time.Since(start); !p.paced || !p.waited || took < delay || took > delay+time.Second {
+		t.Fatalf("just after the write: %+v after %v, want a pause of %v", p, took, delay)
 	}
-	if p.at < int64(delay) {
-		t.Errorf("sent %v after the write, want at least %v", time.Duration(p.at), delay)
-	}
-
-	// The write long done: paced, with no wait.
-	w2 := w
-	c.topo.hist = history{}
-	c.topo.hist.add(100, time.Now().Add(-time.Second).UnixNano(), 1)
-	if p := w2.paceFirst(context.Background(), 100); !p.paced || p.waited {
-		t.Errorf("a second after the write: %+v, want paced without a wait", p)
+	if n.waits.Load() != 0 || n.pacing.Load() != 0 {
+		t.Errorf("after the pause: %d max_waits places, %d pacing, want none", n.waits.Load(), n.pacing.Load())
 	}
 
-	// The connection's own write, its position still on its way: from when
-	// its answer was in.
-	cn.pending = &pendingCapture{at: time.Now().UnixNano()}
-	w3 := w
-	w3.partial = true
-	if p := w3.paceFirst(context.Background(), 0); p.paced {
-		t.Errorf("no watermark at all: %+v, want not paced", p)
+	// The connection's own write, its position still on its way, the
+	// watermark unknown: from when its answer was in.
+	cn.pending = &pendingCapture{at: later}
+	w = poll()
+	w.partial = true
+	if p := w.paceFirst(context.Background(), 0); !p.paced || !p.waited {
+		t.Errorf("own write just returned: %+v, want a pause", p)
 	}
-	if p := w3.paceFirst(context.Background(), 1); !p.paced || !p.waited {
-		t.Errorf("own write just returned: %+v, want a wait", p)
+	cn.pending = &pendingCapture{} // a statement that wrote nothing
+	if p := w.paceFirst(context.Background(), 0); p.paced {
+		t.Errorf("after a statement that wrote nothing: %+v, want not paced", p)
 	}
 	cn.pending = nil
 
+	// The write long done: paced, with no pause.
 	c.topo.hist = history{}
-	c.topo.hist.add(100, time.Now().UnixNano(), 1)
+	c.topo.hist.add(100, time.Now().Add(-time.Second).UnixNano(), 1)
+	w = poll()
+	if p := w.paceFirst(context.Background(), 100); !p.paced || p.waited {
+		t.Errorf("a second after the write: %+v, want paced without a pause", p)
+	}
+
+	c.topo.hist = history{}
+	c.topo.hist.add(100, later, 1)
 	for name, w := range map[string]waiting{
 		"server waits":   {cn: cn, b: b, method: WaitFor, serverWaits: true, deadline: time.Now().Add(time.Second)},
 		"budget near":    {cn: cn, b: b, method: WaitPoll, deadline: time.Now().Add(delay)},
 		"not in history": {cn: cn, b: b, method: WaitPoll, deadline: time.Now().Add(time.Second)},
+		"no watermark":   {cn: cn, b: b, method: WaitPoll, deadline: time.Now().Add(time.Second)},
 	} {
 		wm := lsn.LSN(100)
-		if name == "not in history" {
+		switch name {
+		case "not in history":
 			wm = 150
+		case "no watermark":
+			wm = 0
 		}
 		if p := w.paceFirst(context.Background(), wm); p.paced {
 			t.Errorf("%s: %+v, want not paced", name, p)
@@ -174,7 +193,28 @@ func TestPaceFirst(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), delay)
 	defer cancel()
+	w = poll()
 	if p := w.paceFirst(ctx, 100); p.paced {
-		t.Errorf("caller's deadline near: %+v, want no wait", p)
+		t.Errorf("caller's deadline near: %+v, want not paced", p)
+	}
+
+	// A steady lag is the lag history's to wait for.
+	n.lag.Store(int64(10 * time.Millisecond))
+	n.lagAt.Store(time.Now().UnixNano())
+	w = poll()
+	if p := w.paceFirst(context.Background(), 100); p.paced {
+		t.Errorf("steady lag: %+v, want not paced", p)
+	}
+	n.lagAt.Store(0)
+
+	// max_waits reads pause already: go at once, and count no refusal.
+	c.over.maxWaits = 1
+	n.waits.Store(1)
+	w = poll()
+	if p := w.paceFirst(context.Background(), 100); p.paced {
+		t.Errorf("max_waits reached: %+v, want not paced", p)
+	}
+	if r := c.stats.waitsRefused.Load(); r != 0 {
+		t.Errorf("a pause gone without counted %d refused waits", r)
 	}
 }

@@ -50,7 +50,8 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 		return waitUnchecked, nil
 	}
 	first := 0
-	if w.farBehind(*wm) {
+	far := w.farBehind(*wm)
+	if far {
 		// Only checkRead's first try may go with the watermark partial.
 		if err := w.whole(ctx, wm); err != nil {
 			return waitTimeout, err
@@ -68,12 +69,12 @@ func (cn *Conn) pipelined(ctx context.Context, a *attempt, wm *lsn.LSN, partial 
 		}
 	}
 	var paced pacing
-	if first == 0 {
+	if !far {
 		paced = w.paceFirst(ctx, *wm)
 	}
 	for i := first; ; i++ {
 		res, err := w.try(ctx, a, wm, i)
-		if i == 0 {
+		if i == first {
 			paced.learn(res, err)
 		}
 		if err != nil || res != waitBehind {

@@ -32,6 +32,26 @@ func Sleep(ctx context.Context, d time.Duration) error {
 		threadSleep(d)
 		return ctx.Err()
 	}
+	return timerSleep(ctx, d)
+}
+
+// Timer is Sleep on the runtime's timer, whatever d: for a sleep among
+// many at once, where threads each sleeping would hold the runtime's
+// processors (a thread in a system call keeps its processor until the
+// runtime's monitor takes it back, up to milliseconds later), and where
+// the process is busy enough to fire a timer on time: its processors
+// look at their timers between goroutines.
+func Timer(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return nil
+	}
+	return timerSleep(ctx, d)
+}
+
+func timerSleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

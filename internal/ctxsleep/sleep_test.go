@@ -40,3 +40,28 @@ func TestShortSleep(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// Timer sleeps at least d, ends with the context, and returns at once for
+// nothing or less.
+func TestTimer(t *testing.T) {
+	for _, d := range []time.Duration{-time.Second, 0, 100 * time.Microsecond, 2 * time.Millisecond} {
+		start := time.Now()
+		if err := Timer(context.Background(), d); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took < max(d, 0) || took > max(d, 0)+time.Second {
+			t.Fatalf("Timer(%v) took %v", d, took)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := Timer(ctx, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := Timer(ctx, time.Hour); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > time.Second {
+		t.Fatalf("got %v after %v", err, time.Since(start))
+	}
+}
