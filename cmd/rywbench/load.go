@@ -106,7 +106,9 @@ func openLoadTarget(cfg *config, e *env, name string) (*loadTarget, error) {
 		}
 	case pgrywName, pgrywSession:
 		var p *pgrywStrategy
-		p, err = newPgryw(name, e.pgrywDSN(name), e.replicaAddrs, cfg.budget, cfg.workers)
+		// (The writer as it is: each strategy's pools are opened and closed
+		// around its slice, so no two pgryw pools are open at once.)
+		p, err = newPgryw(name, e.primaryDSN, e.replicaAddrs, cfg.budget, cfg.workers)
 		if p != nil {
 			t.primary, t.conn = p.db, p.conn
 			t.closers = append(t.closers, p.db)

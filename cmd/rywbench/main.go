@@ -411,11 +411,14 @@ func setup(ctx context.Context, cfg *config) (*env, error) {
 			settings = append(settings, fmt.Sprintf("max_connections = %d", need))
 		}
 		// Each pgryw strategy's writer address, for a cluster scope of its
-		// own (scopes.go).
-		var hosts []string
-		e.scopeHost, hosts = scopeHosts(scopedKinds(cfg.strategies), canListen)
-		if len(hosts) > 1 {
-			settings = append(settings, listenLine(hosts))
+		// own (scopes.go); not for the load test, whose pools are open one
+		// strategy at a time.
+		if !cfg.load {
+			var hosts []string
+			e.scopeHost, hosts = scopeHosts(scopedKinds(cfg.strategies), canListen)
+			if len(hosts) > 1 {
+				settings = append(settings, listenLine(hosts))
+			}
 		}
 		settings = append(settings, cfg.settings...) // -conf wins
 		if cfg.pgss {
