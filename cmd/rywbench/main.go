@@ -98,6 +98,7 @@ const warmupIterations = 5
 
 type config struct {
 	workers, iterations, rounds, replicas int
+	repeat                                int // -repeat: whole measurements on the same servers
 	delay, budget, sleep                  time.Duration
 	strategies                            []string
 	json, demo                            bool
@@ -132,6 +133,7 @@ func parseFlags() (*config, error) {
 	flag.IntVar(&cfg.workers, "workers", 8, "concurrent workers (and pool size)")
 	flag.IntVar(&cfg.iterations, "iterations", 200, "measured iterations per worker per strategy")
 	flag.IntVar(&cfg.rounds, "rounds", 10, "rounds to split the iterations into")
+	flag.IntVar(&cfg.repeat, "repeat", 1, "measure this many times on the same servers, each with its warm-up and rounds; the target lines are then judged on the median of the runs' ratios, printed with their range (not with -load)")
 	flag.IntVar(&cfg.replicas, "replicas", 1, "replicas to start (local cluster only)")
 	flag.DurationVar(&cfg.delay, "delay", 0, "recovery_min_apply_delay on the replicas (local cluster only)")
 	flag.DurationVar(&cfg.budget, "budget", 500*time.Millisecond, "how long a read may wait for a replica (two-round-trip, pgryw wait_timeout)")
@@ -221,8 +223,10 @@ func parseFlags() (*config, error) {
 	}
 
 	switch {
-	case cfg.workers < 1 || cfg.iterations < 1 || cfg.rounds < 1:
-		return nil, errors.New("-workers, -iterations and -rounds must be at least 1")
+	case cfg.workers < 1 || cfg.iterations < 1 || cfg.rounds < 1 || cfg.repeat < 1:
+		return nil, errors.New("-workers, -iterations, -rounds and -repeat must be at least 1")
+	case cfg.load && cfg.repeat > 1:
+		return nil, errors.New("-repeat applies to the latency run, not to -load (its rounds already alternate the strategies)")
 	case cfg.budget < time.Millisecond:
 		return nil, errors.New("-budget must be at least 1ms")
 	case cfg.delay < 0 || cfg.sleep < 0:
@@ -315,20 +319,34 @@ func run(cfg *config) int {
 	}
 
 	b := &bench{cfg: cfg, env: e, progress: newProgress()}
-	results, err := b.run(ctx)
-	b.progress.done()
-	if err != nil {
-		return fail(ctx, err)
+	var (
+		sums []summary
+		runs [][]target // each run's target lines, with -repeat
+	)
+	for k := range cfg.repeat {
+		if cfg.repeat > 1 {
+			b.progress.line(fmt.Sprintf("run %d of %d", k+1, cfg.repeat))
+		}
+		results, err := b.run(ctx)
+		if err != nil {
+			b.progress.done()
+			return fail(ctx, err)
+		}
+		sums = make([]summary, len(results))
+		for i, r := range results {
+			sums[i] = r.summarize()
+		}
+		runs = append(runs, targets(sums, e.serverVersionNum, cfg.delay > 0))
 	}
-	sums := make([]summary, len(results))
-	for i, r := range results {
-		sums[i] = r.summarize()
+	b.progress.done()
+	if cfg.repeat == 1 {
+		runs = nil
 	}
 	elapsed := time.Since(start)
 	if cfg.json {
-		err = printJSON(os.Stdout, cfg, e, sums, elapsed)
+		err = printJSON(os.Stdout, cfg, e, sums, runs, elapsed)
 	} else {
-		printText(os.Stdout, cfg, e, sums, elapsed, setupTime)
+		printText(os.Stdout, cfg, e, sums, runs, elapsed, setupTime)
 	}
 	if err != nil {
 		return fail(ctx, err)
@@ -664,6 +682,7 @@ type bench struct {
 	cfg      *config
 	env      *env
 	progress *progress
+	ids      []atomic.Int64 // the next row per strategy's table, across -repeat's runs
 }
 
 func (b *bench) strategies() []strategy {
@@ -682,7 +701,10 @@ func (b *bench) strategies() []strategy {
 
 func (b *bench) run(ctx context.Context) ([]*result, error) {
 	strats := b.strategies()
-	ids := make([]atomic.Int64, len(strats)) // per table
+	if b.ids == nil {
+		b.ids = make([]atomic.Int64, len(strats)) // per table
+	}
+	ids := b.ids
 	results := make([]*result, len(strats))
 	for i, s := range strats {
 		results[i] = &result{name: s.name(), shape: s.shape()}

@@ -29,6 +29,14 @@ import (
 //	                    SELECT pg_current_wal_insert_lsn(), ...); write = until
 //	                    the capture's answer (what pgryw waits for), "own" =
 //	                    until the insert's own answer (where a write could return)
+//	wire-fastcap        the insert with a fast-path FunctionCall of
+//	                    pg_current_wal_insert_lsn behind it in the same flush:
+//	                    pgryw's capture once the call is known to work
+//	wire-one-sync       the insert in an explicit transaction with the capture
+//	                    after its COMMIT, all before one Sync (Bind/Execute of
+//	                    prepared BEGIN, INSERT, COMMIT and the capture, then
+//	                    Sync): one answer, one flush from the server, where
+//	                    wire-capture's two Syncs cost two
 //
 // Two read-only models read a row written before the run, with no write and
 // no watermark, as pgryw-read and replica-read do:
@@ -59,6 +67,8 @@ import (
 const (
 	wireInsert       = "wire-insert"
 	wireCapture      = "wire-capture"
+	wireOneSync      = "wire-one-sync"
+	wireFastCap      = "wire-fastcap"
 	wireRead         = "wire-read"
 	wireReadTrail    = "wire-read-trail"
 	wirePollSpin     = "wire-poll-spin"
@@ -69,7 +79,7 @@ const (
 	wireDoWait       = "wire-do-wait"
 )
 
-var modelStrategies = []string{wireInsert, wireCapture, wireRead, wireReadTrail, wirePollSpin, wirePollTrail, wirePollBackoff, wireWaitFor, wireWaitForTrail, wireDoWait}
+var modelStrategies = []string{wireInsert, wireCapture, wireFastCap, wireOneSync, wireRead, wireReadTrail, wirePollSpin, wirePollTrail, wirePollBackoff, wireWaitFor, wireWaitForTrail, wireDoWait}
 
 // The statements the models prepare, by name. capture and poll are pgryw's
 // (wait.go).
@@ -100,7 +110,7 @@ func newModel(kind string, e *env, cfg *config) *model {
 	}
 	m := &model{kind: kind, budget: cfg.budget, primaryDSN: e.primaryDSN, replicaDSNs: cfg.replicaDSNs, insertSQL: ins, getSQL: get}
 	m.prim = connPool{free: make(chan *rawConn, cfg.workers), dial: func(ctx context.Context) (*rawConn, error) {
-		return dialRaw(ctx, m.primaryDSN, map[string]parsed{"ins": {ins, []uint32{oidInt8, oidInt8}}, "cap": {sqlCaptureModel, nil}})
+		return dialRaw(ctx, m.primaryDSN, map[string]parsed{"ins": {ins, []uint32{oidInt8, oidInt8}}, "cap": {sqlCaptureModel, nil}, "begin": {"BEGIN", nil}, "commit": {"COMMIT", nil}})
 	}}
 	for _, dsn := range cfg.replicaDSNs {
 		m.repl = append(m.repl, connPool{free: make(chan *rawConn, cfg.workers), dial: func(ctx context.Context) (*rawConn, error) {
@@ -131,24 +141,52 @@ func (m *model) insert(ctx context.Context, id, v int64) (time.Duration, error) 
 	defer m.prim.put(c)
 	c.deadline(ctx, 5*time.Second)
 	t0 := time.Now()
-	c.execPrepared("ins", strconv.AppendInt(nil, id, 10), strconv.AppendInt(nil, v, 10))
+	oneSync := m.kind == wireOneSync
+	if oneSync {
+		c.execNoSync("begin")
+		c.execNoSync("ins", strconv.AppendInt(nil, id, 10), strconv.AppendInt(nil, v, 10))
+		c.execNoSync("commit")
+		c.execPrepared("cap")
+	} else {
+		c.execPrepared("ins", strconv.AppendInt(nil, id, 10), strconv.AppendInt(nil, v, 10))
+	}
 	capture := m.kind != wireInsert
-	if capture {
+	switch {
+	case m.kind == wireFastCap:
+		c.fe.Send(&pgproto3.FunctionCall{Function: c.captureFn})
+	case capture && !oneSync:
 		c.execPrepared("cap")
 	}
 	if err := c.flush(); err != nil {
 		return 0, c.broken(err)
 	}
-	if _, err := c.group(); err != nil {
-		return 0, err
-	}
-	if !capture {
-		return 0, nil
-	}
-	early := time.Since(t0)
 	g, err := c.group()
 	if err != nil {
 		return 0, err
+	}
+	if !capture {
+		return 0, g.err
+	}
+	var early time.Duration
+	if !oneSync {
+		early = time.Since(t0)
+		if g, err = c.group(); err != nil {
+			return 0, err
+		}
+	}
+	if g.err != nil {
+		return 0, g.err
+	}
+	if m.kind == wireFastCap {
+		if g.row == nil || g.row[0] == nil {
+			return 0, errors.New("the fast-path capture returned no position")
+		}
+		at, err := lsn.Parse(string(g.row[0]))
+		if err != nil {
+			return 0, err
+		}
+		m.targets.Store(id, at)
+		return early, nil
 	}
 	if len(g.row) != 2 || g.row[0] == nil || g.row[1] == nil {
 		return 0, errors.New("capture returned no position")
@@ -335,6 +373,8 @@ type rawConn struct {
 	nc   net.Conn
 	fe   *pgproto3.Frontend
 	dead bool
+	// captureFn is pg_current_wal_insert_lsn()'s OID, for wire-fastcap.
+	captureFn uint32
 }
 
 // parsed is a statement to prepare on a raw connection.
@@ -352,12 +392,21 @@ func dialRaw(ctx context.Context, dsn string, stmts map[string]parsed) (*rawConn
 		pc.Close(ctx)
 		return nil, err
 	}
+	var fn uint32
+	res := pc.ExecParams(ctx, "SELECT 'pg_catalog.pg_current_wal_insert_lsn()'::pg_catalog.regprocedure::pg_catalog.oid", nil, nil, nil, nil).Read()
+	if res.Err != nil || len(res.Rows) != 1 {
+		pc.Close(ctx)
+		return nil, errors.Join(errors.New("looking up pg_current_wal_insert_lsn's OID"), res.Err)
+	}
+	if n, err := strconv.ParseUint(string(res.Rows[0][0]), 10, 32); err == nil {
+		fn = uint32(n)
+	}
 	hc, err := pc.Hijack()
 	if err != nil {
 		pc.Close(ctx)
 		return nil, err
 	}
-	c := &rawConn{nc: hc.Conn, fe: pgproto3.NewFrontend(hc.Conn, hc.Conn)}
+	c := &rawConn{nc: hc.Conn, fe: pgproto3.NewFrontend(hc.Conn, hc.Conn), captureFn: fn}
 	for name, st := range stmts {
 		c.fe.Send(&pgproto3.Parse{Name: name, Query: st.sql, ParameterOIDs: st.oids})
 	}
@@ -392,6 +441,12 @@ func (c *rawConn) execPrepared(name string, args ...[]byte) {
 	c.fe.Send(&pgproto3.Bind{PreparedStatement: name, Parameters: args})
 	c.fe.Send(&pgproto3.Execute{})
 	c.fe.Send(&pgproto3.Sync{})
+}
+
+// execNoSync queues Bind/Execute of a prepared statement, with no Sync.
+func (c *rawConn) execNoSync(name string, args ...[]byte) {
+	c.fe.Send(&pgproto3.Bind{PreparedStatement: name, Parameters: args})
+	c.fe.Send(&pgproto3.Execute{})
 }
 
 // execUnnamed queues Parse/Bind/Execute of a one-off text, with no Sync.
@@ -436,6 +491,13 @@ func (c *rawConn) group() (group, error) {
 					if v != nil {
 						g.row[i] = append([]byte{}, v...)
 					}
+				}
+			}
+		case *pgproto3.FunctionCallResponse:
+			if g.row == nil {
+				g.row = [][]byte{nil}
+				if msg.Result != nil {
+					g.row[0] = append([]byte{}, msg.Result...)
 				}
 			}
 		case *pgproto3.ErrorResponse:

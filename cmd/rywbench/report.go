@@ -52,15 +52,19 @@ func ratios(sums []summary) []ratio {
 // target is one of the benchmark targets (BENCHMARKS.md), judged on this run.
 type target struct {
 	Name   string        `json:"target"`
-	Status string        `json:"status"` // PASS, FAIL, or n/a when a strategy it needs did not run
+	Status string        `json:"status"` // PASS, FAIL, n/a when a strategy it needs did not run, info for a floor (no limit)
 	Ratios []targetRatio `json:"ratios,omitempty"`
 	Note   string        `json:"note,omitempty"`
 }
 
 type targetRatio struct {
 	Label string  `json:"label"`
-	Value float64 `json:"value"`
-	Limit float64 `json:"limit"`
+	Value float64 `json:"value"` // with -repeat: the median of the runs'
+	Limit float64 `json:"limit"` // 0 on an info line
+	// With -repeat: the runs' least and greatest, and how many there were.
+	Min  float64 `json:"min,omitempty"`
+	Max  float64 `json:"max,omitempty"`
+	Runs int     `json:"runs,omitempty"`
 }
 
 // readLimit is the read-after-write target's bound, p50 and p95: WAIT FOR
@@ -169,15 +173,46 @@ func targets(sums []summary, serverVersionNum int, lagged bool) []target {
 		}
 	}
 	ts := append(front("", "pgx stdlib", func(k string) string { return k }), front("pgx: ", "pgxpool", pgxKind)...)
-	return append(ts, target{Name: "cached routing 0 allocations", Status: "n/a", Note: "not measured by rywbench: make allocs"})
+	ts = append(ts, target{Name: "cached routing 0 allocations", Status: "n/a", Note: "not measured by rywbench: make allocs"})
+
+	// Floors: what pgryw's message patterns cost with no Go code in between
+	// (the wire models), against the same baselines; printed when the
+	// models ran, never judged.
+	floor := func(name, num, den string, parts ...part) {
+		if _, ok := by[num]; !ok {
+			return
+		}
+		t := judge("floor: "+name, num, den, parts...)
+		if t.Status != "n/a" {
+			t.Status = "info"
+			for i := range t.Ratios {
+				t.Ratios[i].Limit = 0
+			}
+		}
+		ts = append(ts, t)
+	}
+	floor("primary CPU per insert with the fast-path capture behind it", wireFastCap, wireInsert, part{"CPU", primCPU, 0})
+	floor("primary CPU per insert with the capture after its COMMIT, one Sync", wireOneSync, wireInsert, part{"CPU", primCPU, 0})
+	floor("primary CPU per insert with the prepared capture behind it", wireCapture, wireInsert, part{"CPU", primCPU, 0})
+	floor("read after write, the poll and read by hand", wirePollTrail, spinFloor, part{"p50", p50r, 0}, part{"p95", p95r, 0})
+	floor("replica CPU per read after write, the poll and read by hand", wirePollTrail, naiveReplica, part{"CPU", replCPU, 0})
+	floor("primary CPU per write and read, by hand", wirePollTrail, naiveReplica, part{"CPU", primCPU, 0})
+	return ts
 }
 
-func printTargets(w io.Writer, ts []target, e *env, workers int) {
-	fmt.Fprintf(w, "\nTargets (PostgreSQL %s, %d workers; same run, rounds interleaved):\n", e.serverVersion, workers)
+func printTargets(w io.Writer, ts []target, e *env, workers int, over string) {
+	if over == "" {
+		over = "same run, rounds interleaved"
+	}
+	fmt.Fprintf(w, "\nTargets (PostgreSQL %s, %d workers; %s):\n", e.serverVersion, workers, over)
 	for _, t := range ts {
 		var parts []string
 		for _, r := range t.Ratios {
-			parts = append(parts, fmt.Sprintf("%s %.3fx", r.Label, r.Value))
+			part := fmt.Sprintf("%s %.3fx", r.Label, r.Value)
+			if r.Runs > 1 {
+				part += fmt.Sprintf(" (%.2f–%.2f)", r.Min, r.Max)
+			}
+			parts = append(parts, part)
 		}
 		line := fmt.Sprintf("  %-4s  %s", t.Status, t.Name)
 		if len(parts) > 0 {
@@ -190,7 +225,7 @@ func printTargets(w io.Writer, ts []target, e *env, workers int) {
 	}
 }
 
-func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup time.Duration) {
+func printText(w io.Writer, cfg *config, e *env, sums []summary, runs [][]target, elapsed, setup time.Duration) {
 	where, delay := "local cluster", cfg.delay.String()
 	if e.cluster == nil {
 		where, delay = "given servers", "as configured there"
@@ -265,7 +300,13 @@ func printText(w io.Writer, cfg *config, e *env, sums []summary, elapsed, setup 
 		}
 	}
 	if !cfg.demo {
-		printTargets(w, targets(sums, e.serverVersionNum, cfg.delay > 0), e, cfg.workers)
+		if len(runs) > 1 {
+			fmt.Fprintf(w, "\n(The tables above are the last of %d runs.)", len(runs))
+		}
+		printTargets(w, targets(sums, e.serverVersionNum, cfg.delay > 0), e, cfg.workers, "")
+		if len(runs) > 1 {
+			printTargets(w, mergeTargets(runs), e, cfg.workers, fmt.Sprintf("%d runs: each ratio's median, judged, and its range", len(runs)))
+		}
 	}
 
 	if cfg.demo {
@@ -391,10 +432,11 @@ type jsonReport struct {
 	Results        []summary          `json:"results"`
 	Ratios         map[string]float64 `json:"ratios"`
 	Targets        []target           `json:"targets"`
+	Runs           [][]target         `json:"runs,omitempty"` // with -repeat: each run's, Targets being their medians
 	ElapsedSeconds float64            `json:"elapsed_seconds"`
 }
 
-func printJSON(w io.Writer, cfg *config, e *env, sums []summary, elapsed time.Duration) error {
+func printJSON(w io.Writer, cfg *config, e *env, sums []summary, runs [][]target, elapsed time.Duration) error {
 	var r jsonReport
 	s := &r.Settings
 	s.Workers, s.Iterations, s.Rounds, s.Replicas = cfg.workers, cfg.iterations, cfg.rounds, cfg.replicas
@@ -415,6 +457,9 @@ func printJSON(w io.Writer, cfg *config, e *env, sums []summary, elapsed time.Du
 		}
 	}
 	r.Targets = targets(sums, e.serverVersionNum, cfg.delay > 0)
+	if len(runs) > 1 {
+		r.Targets, r.Runs = mergeTargets(runs), runs
+	}
 	r.ElapsedSeconds = elapsed.Seconds()
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -333,3 +333,72 @@ func TestScopeHosts(t *testing.T) {
 		t.Errorf("given servers: pgrywDSN = %q, want the DSN as it is", d)
 	}
 }
+
+// -repeat judges each target line on the median of the runs' ratios and
+// keeps their range; a run with a stale read fails the line whatever the
+// medians; n/a in any run is n/a.
+func TestMergeTargets(t *testing.T) {
+	run := func(p50 float64, stale int) []target {
+		s := sums()
+		s[1].ReadP50 = 0.20 * p50
+		s[1].Stale = stale
+		return targets(s, 150018, false)
+	}
+	find := func(ts []target, prefix string) target {
+		for _, x := range ts {
+			if strings.HasPrefix(x.Name, prefix) {
+				return x
+			}
+		}
+		t.Fatalf("no line %q", prefix)
+		return target{}
+	}
+	const line = "read after write ≤ 1.20x"
+	// Two of three runs within 1.20x: the median (1.15) passes.
+	m := mergeTargets([][]target{run(1.10, 0), run(1.40, 0), run(1.15, 0)})
+	got := find(m, line)
+	if got.Status != "PASS" || got.Ratios[0].Runs != 3 {
+		t.Fatalf("%+v", got)
+	}
+	if r := got.Ratios[0]; fmt.Sprintf("%.2f %.2f %.2f", r.Value, r.Min, r.Max) != "1.15 1.10 1.40" {
+		t.Fatalf("median and range %+v", r)
+	}
+	// Two of three over it: FAIL.
+	if got := find(mergeTargets([][]target{run(1.30, 0), run(1.40, 0), run(1.15, 0)}), line); got.Status != "FAIL" {
+		t.Fatalf("%+v", got)
+	}
+	// Every ratio within, but one run had a stale read: FAIL, with its note.
+	got = find(mergeTargets([][]target{run(1.10, 0), run(1.10, 2)}), line)
+	if got.Status != "FAIL" || !strings.Contains(got.Note, "2 stale reads") {
+		t.Fatalf("%+v", got)
+	}
+	if got := find(mergeTargets([][]target{run(1.10, 0), run(1.10, 0)}), "no-replica mode"); got.Status != "n/a" {
+		t.Fatalf("%+v", got)
+	}
+	if median([]float64{4, 1, 3, 2}) != 2.5 {
+		t.Fatal("median of an even count")
+	}
+}
+
+// The wire models' floors are printed beside the targets when the models
+// ran, never judged.
+func TestFloorLines(t *testing.T) {
+	s := append(sums(),
+		summary{Name: wireInsert, WriteP50: 0.09, Cost: cost(0, 40)},
+		summary{Name: wireFastCap, WriteP50: 0.09, Cost: cost(0, 48)},
+	)
+	var floors []target
+	for _, x := range targets(s, 150018, false) {
+		if strings.HasPrefix(x.Name, "floor: ") {
+			floors = append(floors, x)
+		}
+	}
+	if len(floors) != 1 || floors[0].Status != "info" || fmt.Sprintf("%.2f", floors[0].Ratios[0].Value) != "1.20" || floors[0].Ratios[0].Limit != 0 {
+		t.Fatalf("floors %+v", floors)
+	}
+	for _, x := range targets(sums(), 150018, false) {
+		if strings.HasPrefix(x.Name, "floor: ") {
+			t.Fatalf("a floor line without the models: %+v", x)
+		}
+	}
+}

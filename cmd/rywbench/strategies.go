@@ -102,7 +102,7 @@ const (
 // shapeOf returns what one iteration of strategy kind does.
 func shapeOf(kind string) shape {
 	switch sqlKind(kind) {
-	case plainWrite, pgrywWrite, wireInsert, wireCapture:
+	case plainWrite, pgrywWrite, wireInsert, wireCapture, wireFastCap, wireOneSync:
 		return insertOnly
 	case replicaRead, pgrywRead, wireRead, wireReadTrail:
 		return readOnly
