@@ -16,14 +16,19 @@ func mergeTargets(runs [][]target) []target {
 	out := make([]target, len(runs[0]))
 	for i, first := range runs[0] {
 		t := target{Name: first.Name, Status: first.Status, Note: first.Note}
+		// The line in each run, by name (an info line prints only where
+		// measured).
+		lines := make([]target, 0, len(runs))
 		var notes []string
 		for _, run := range runs {
-			if i >= len(run) || run[i].Name != first.Name || run[i].Status == "n/a" {
+			k := slices.IndexFunc(run, func(x target) bool { return x.Name == first.Name })
+			if k < 0 || run[k].Status == "n/a" {
 				t.Status, t.Ratios = "n/a", nil
 				break
 			}
-			if run[i].Note != "" && !slices.Contains(notes, run[i].Note) {
-				notes = append(notes, run[i].Note)
+			lines = append(lines, run[k])
+			if run[k].Note != "" && !slices.Contains(notes, run[k].Note) {
+				notes = append(notes, run[k].Note)
 			}
 		}
 		if t.Status == "n/a" {
@@ -32,10 +37,10 @@ func mergeTargets(runs [][]target) []target {
 		}
 		t.Note = strings.Join(notes, "; ")
 		stale := false
-		for _, run := range runs {
+		for _, l := range lines {
 			// judge fails a line on a stale read or an error even where
 			// every ratio is within its limit.
-			if run[i].Status == "FAIL" && !overLimit(run[i]) {
+			if l.Status == "FAIL" && !overLimit(l) {
 				stale = true
 			}
 		}
@@ -46,10 +51,10 @@ func mergeTargets(runs [][]target) []target {
 			}
 		}
 		for j, r := range first.Ratios {
-			vals := make([]float64, 0, len(runs))
-			for _, run := range runs {
-				if j < len(run[i].Ratios) {
-					vals = append(vals, run[i].Ratios[j].Value)
+			vals := make([]float64, 0, len(lines))
+			for _, l := range lines {
+				if j < len(l.Ratios) {
+					vals = append(vals, l.Ratios[j].Value)
 				}
 			}
 			if len(vals) == 0 {

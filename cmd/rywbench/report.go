@@ -178,19 +178,31 @@ func targets(sums []summary, serverVersionNum int, lagged bool) []target {
 	// Floors: what pgryw's message patterns cost with no Go code in between
 	// (the wire models), against the same baselines; printed when the
 	// models ran, never judged.
-	floor := func(name, num, den string, parts ...part) {
+	info := func(name, num, den string, parts ...part) {
 		if _, ok := by[num]; !ok {
 			return
 		}
-		t := judge("floor: "+name, num, den, parts...)
-		if t.Status != "n/a" {
-			t.Status = "info"
-			for i := range t.Ratios {
-				t.Ratios[i].Limit = 0
-			}
+		t := judge(name, num, den, parts...)
+		if t.Status == "n/a" {
+			return // not measured: not worth a line
+		}
+		t.Status = "info"
+		for i := range t.Ratios {
+			t.Ratios[i].Limit = 0
 		}
 		ts = append(ts, t)
 	}
+	floor := func(name, num, den string, parts ...part) { info("floor: "+name, num, den, parts...) }
+	// The loop's rhythm: naive-replica's read does not wait, so its next
+	// insert follows at once, on servers still busy with the last one;
+	// spin-floor's insert is as plain, in a loop whose read waits for the
+	// row, as pgryw's does. What the two inserts differ by is the rhythm's,
+	// not any driver's.
+	w := part{"write p50", p50w, 0}
+	info("rhythm: a plain insert in a loop whose read waits, against one whose read does not", spinFloor, naiveReplica,
+		w, part{"write p95", p95w, 0}, part{"primary CPU", primCPU, 0}, part{"replica CPU", replCPU, 0})
+	info("beside the spin floor: the write in the loop, and the servers' CPU", pgrywName, spinFloor,
+		w, part{"write p95", p95w, 0}, part{"primary CPU", primCPU, 0}, part{"replica CPU", replCPU, 0})
 	floor("primary CPU per insert with the fast-path capture behind it", wireFastCap, wireInsert, part{"CPU", primCPU, 0})
 	floor("primary CPU per insert with the capture after its COMMIT, one Sync", wireOneSync, wireInsert, part{"CPU", primCPU, 0})
 	floor("primary CPU per insert with the prepared capture behind it", wireCapture, wireInsert, part{"CPU", primCPU, 0})

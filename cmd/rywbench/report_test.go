@@ -33,6 +33,9 @@ func TestTargets(t *testing.T) {
 		m := map[string]string{}
 		for _, x := range ts {
 			name, _, _ := strings.Cut(x.Name, " (")
+			if isInfoLine(name) {
+				continue
+			}
 			m[name] = x.Status
 		}
 		return m
@@ -400,5 +403,36 @@ func TestFloorLines(t *testing.T) {
 		if strings.HasPrefix(x.Name, "floor: ") {
 			t.Fatalf("a floor line without the models: %+v", x)
 		}
+	}
+}
+
+// isInfoLine: a line targets prints beside the targets, never judged.
+func isInfoLine(name string) bool {
+	for _, p := range []string{"rhythm: ", "beside the spin floor: ", "floor: "} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// The rhythm and spin-floor lines print when their strategies ran, as info.
+func TestRhythmLines(t *testing.T) {
+	s := sums()
+	s[0].WriteP50, s[0].WriteP95, s[0].Cost = 0.13, 0.25, cost(60, 57)
+	n := 0
+	for _, x := range targets(s, 150018, false) {
+		if strings.HasPrefix(x.Name, "rhythm: ") || strings.HasPrefix(x.Name, "beside the spin floor: ") {
+			n++
+			if x.Status != "info" || len(x.Ratios) != 4 {
+				t.Fatalf("%+v", x)
+			}
+		}
+		if strings.HasPrefix(x.Name, "rhythm: ") && fmt.Sprintf("%.2f", x.Ratios[0].Value) != "1.30" {
+			t.Fatalf("rhythm write p50 %+v", x.Ratios[0])
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d rhythm lines", n)
 	}
 }
