@@ -2,9 +2,9 @@
 # readpath.sh: which of the root package's files and functions one steady
 # replica read runs code in. TestSteadyRead runs with one, two and three
 # steady reads under coverage (fake servers, no real PostgreSQL); the
-# blocks whose counts grow by the same number with each read added are a
-# steady read's (a block run a varying number of times, by a branch on the
-# clock in the reads before, is not), and TestReadPathFiles lists them and
+# blocks whose counts grow with each read added are a steady read's (a
+# block run once or not at all by a branch on the clock in the first,
+# checked, read cannot grow twice), and TestReadPathFiles lists them and
 # holds the file count to its bound.
 set -eu
 cd "$(dirname "$0")/.."

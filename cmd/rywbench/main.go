@@ -339,9 +339,6 @@ func run(cfg *config) int {
 		runs = append(runs, targets(sums, e.serverVersionNum, cfg.delay > 0))
 	}
 	b.progress.done()
-	if cfg.repeat == 1 {
-		runs = nil
-	}
 	elapsed := time.Since(start)
 	if cfg.json {
 		err = printJSON(os.Stdout, cfg, e, sums, runs, elapsed)

@@ -110,11 +110,11 @@ func newModel(kind string, e *env, cfg *config) *model {
 	}
 	m := &model{kind: kind, budget: cfg.budget, primaryDSN: e.primaryDSN, replicaDSNs: cfg.replicaDSNs, insertSQL: ins, getSQL: get}
 	m.prim = connPool{free: make(chan *rawConn, cfg.workers), dial: func(ctx context.Context) (*rawConn, error) {
-		return dialRaw(ctx, m.primaryDSN, map[string]parsed{"ins": {ins, []uint32{oidInt8, oidInt8}}, "cap": {sqlCaptureModel, nil}, "begin": {"BEGIN", nil}, "commit": {"COMMIT", nil}})
+		return dialRaw(ctx, m.primaryDSN, map[string]parsed{"ins": {ins, []uint32{oidInt8, oidInt8}}, "cap": {sqlCaptureModel, nil}, "begin": {"BEGIN", nil}, "commit": {"COMMIT", nil}}, kind == wireFastCap)
 	}}
 	for _, dsn := range cfg.replicaDSNs {
 		m.repl = append(m.repl, connPool{free: make(chan *rawConn, cfg.workers), dial: func(ctx context.Context) (*rawConn, error) {
-			return dialRaw(ctx, dsn, map[string]parsed{"get": {get, []uint32{oidInt8}}, "poll": {sqlPollModel, nil}})
+			return dialRaw(ctx, dsn, map[string]parsed{"get": {get, []uint32{oidInt8}}, "poll": {sqlPollModel, nil}}, false)
 		}})
 	}
 	return m
@@ -141,20 +141,22 @@ func (m *model) insert(ctx context.Context, id, v int64) (time.Duration, error) 
 	defer m.prim.put(c)
 	c.deadline(ctx, 5*time.Second)
 	t0 := time.Now()
+	idArg, vArg := strconv.AppendInt(nil, id, 10), strconv.AppendInt(nil, v, 10)
 	oneSync := m.kind == wireOneSync
-	if oneSync {
+	capture := m.kind != wireInsert
+	switch m.kind {
+	case wireOneSync:
 		c.execNoSync("begin")
-		c.execNoSync("ins", strconv.AppendInt(nil, id, 10), strconv.AppendInt(nil, v, 10))
+		c.execNoSync("ins", idArg, vArg)
 		c.execNoSync("commit")
 		c.execPrepared("cap")
-	} else {
-		c.execPrepared("ins", strconv.AppendInt(nil, id, 10), strconv.AppendInt(nil, v, 10))
-	}
-	capture := m.kind != wireInsert
-	switch {
-	case m.kind == wireFastCap:
+	case wireInsert:
+		c.execPrepared("ins", idArg, vArg)
+	case wireFastCap:
+		c.execPrepared("ins", idArg, vArg)
 		c.fe.Send(&pgproto3.FunctionCall{Function: c.captureFn})
-	case capture && !oneSync:
+	default:
+		c.execPrepared("ins", idArg, vArg)
 		c.execPrepared("cap")
 	}
 	if err := c.flush(); err != nil {
@@ -383,7 +385,9 @@ type parsed struct {
 	oids []uint32
 }
 
-func dialRaw(ctx context.Context, dsn string, stmts map[string]parsed) (*rawConn, error) {
+// dialRaw connects, prepares stmts and hands over the raw connection;
+// captureFn looks up pg_current_wal_insert_lsn()'s OID first (wire-fastcap).
+func dialRaw(ctx context.Context, dsn string, stmts map[string]parsed, captureFn bool) (*rawConn, error) {
 	pc, err := pgconn.Connect(ctx, dsn)
 	if err != nil {
 		return nil, err
@@ -393,13 +397,15 @@ func dialRaw(ctx context.Context, dsn string, stmts map[string]parsed) (*rawConn
 		return nil, err
 	}
 	var fn uint32
-	res := pc.ExecParams(ctx, "SELECT 'pg_catalog.pg_current_wal_insert_lsn()'::pg_catalog.regprocedure::pg_catalog.oid", nil, nil, nil, nil).Read()
-	if res.Err != nil || len(res.Rows) != 1 {
-		pc.Close(ctx)
-		return nil, errors.Join(errors.New("looking up pg_current_wal_insert_lsn's OID"), res.Err)
-	}
-	if n, err := strconv.ParseUint(string(res.Rows[0][0]), 10, 32); err == nil {
-		fn = uint32(n)
+	if captureFn {
+		res := pc.ExecParams(ctx, "SELECT 'pg_catalog.pg_current_wal_insert_lsn()'::pg_catalog.regprocedure::pg_catalog.oid", nil, nil, nil, nil).Read()
+		if res.Err != nil || len(res.Rows) != 1 {
+			pc.Close(ctx)
+			return nil, errors.Join(errors.New("looking up pg_current_wal_insert_lsn's OID"), res.Err)
+		}
+		if n, err := strconv.ParseUint(string(res.Rows[0][0]), 10, 32); err == nil {
+			fn = uint32(n)
+		}
 	}
 	hc, err := pc.Hijack()
 	if err != nil {

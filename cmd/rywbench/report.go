@@ -198,11 +198,9 @@ func targets(sums []summary, serverVersionNum int, lagged bool) []target {
 	// spin-floor's insert is as plain, in a loop whose read waits for the
 	// row, as pgryw's does. What the two inserts differ by is the rhythm's,
 	// not any driver's.
-	w := part{"write p50", p50w, 0}
-	info("rhythm: a plain insert in a loop whose read waits, against one whose read does not", spinFloor, naiveReplica,
-		w, part{"write p95", p95w, 0}, part{"primary CPU", primCPU, 0}, part{"replica CPU", replCPU, 0})
-	info("beside the spin floor: the write in the loop, and the servers' CPU", pgrywName, spinFloor,
-		w, part{"write p95", p95w, 0}, part{"primary CPU", primCPU, 0}, part{"replica CPU", replCPU, 0})
+	loopParts := []part{{"write p50", p50w, 0}, {"write p95", p95w, 0}, {"primary CPU", primCPU, 0}, {"replica CPU", replCPU, 0}}
+	info("rhythm: a plain insert in a loop whose read waits, against one whose read does not", spinFloor, naiveReplica, loopParts...)
+	info("beside the spin floor: the write in the loop, and the servers' CPU", pgrywName, spinFloor, loopParts...)
 	floor("primary CPU per insert with the fast-path capture behind it", wireFastCap, wireInsert, part{"CPU", primCPU, 0})
 	floor("primary CPU per insert with the capture after its COMMIT, one Sync", wireOneSync, wireInsert, part{"CPU", primCPU, 0})
 	floor("primary CPU per insert with the prepared capture behind it", wireCapture, wireInsert, part{"CPU", primCPU, 0})
