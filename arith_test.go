@@ -529,3 +529,30 @@ func TestSnapshotHeld(t *testing.T) {
 		t.Fatal("still held after snapHeldFor")
 	}
 }
+
+// What a node was seen to replay holds for a connection only where both
+// name the same server instance: an unknown instance (0) is no identity.
+func TestKnownReplayOnUnknownInstance(t *testing.T) {
+	n := &node{index: 0}
+	n.replay.update(500, 0, true)
+	b := &backend{node: n}
+	if got := n.knownReplayOn(b); got != 0 {
+		t.Errorf("both instances unknown: known replay %v, want none", got)
+	}
+	n.replay.update(500, 42, true)
+	if got := n.knownReplayOn(b); got != 0 {
+		t.Errorf("the connection's instance unknown: known replay %v, want none", got)
+	}
+	b.peer.Instance = 43
+	if got := n.knownReplayOn(b); got != 0 {
+		t.Errorf("another instance: known replay %v, want none", got)
+	}
+	b.peer.Instance = 42
+	if got := n.knownReplayOn(b); got != 500 {
+		t.Errorf("the same instance: known replay %v, want 500", got)
+	}
+	b.peer.TxPooled = true
+	if got := n.knownReplayOn(b); got != 0 {
+		t.Errorf("behind a transaction pooler: known replay %v, want none", got)
+	}
+}

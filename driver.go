@@ -249,7 +249,7 @@ func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Con
 		w.Peer = wire.Peer{TxPooled: true, Unnamed: true}
 		return nil
 	case PoolerNone:
-		return c.identifySystem(ctx, pc, n)
+		return c.identifySystem(ctx, pc, w, n)
 	}
 	res, err := pc.Exec(ctx, sqlIdentity).ReadAll()
 	var pgErr *pgconn.PgError
@@ -276,17 +276,22 @@ func (c *Connector) identify(ctx context.Context, pc *pgconn.PgConn, w *wire.Con
 }
 
 // identifySystem is identify with pooler=none: no pooler to look for; the
-// system identifier still is, on a replica's connection, and on the
-// writer's until it is known.
-func (c *Connector) identifySystem(ctx context.Context, pc *pgconn.PgConn, n *node) error {
+// system identifier and the server instance still are, on a replica's
+// connection (the instance binds what a read learns of the node's replay
+// to the server that replayed it: node.knownReplayOn), and on the writer's
+// until the system identifier is known. One round trip, sqlIdentity's,
+// whose backend PID is not looked at.
+func (c *Connector) identifySystem(ctx context.Context, pc *pgconn.PgConn, w *wire.Conn, n *node) error {
 	if n.index < 0 && c.sysAnswered() {
 		return nil
 	}
-	res, err := pc.Exec(ctx, sqlSystem).ReadAll()
-	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
-		return nil // nothing known; the monitor asks again
+	res, err := pc.Exec(ctx, sqlIdentity).ReadAll()
+	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 4 {
+		return nil // nothing known (no instance: every read checks); the monitor asks again
 	}
-	return c.checkSystemOf(n, res[0].Rows[0][0])
+	row := res[0].Rows[0]
+	w.Peer.Instance = instanceOf(row[1], row[2])
+	return c.checkSystemOf(n, row[3])
 }
 
 // instanceOf names a server instance by its start time and address (the

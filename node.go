@@ -304,9 +304,11 @@ func (n *node) knownReplay() lsn.LSN {
 
 // knownReplayOn returns what n is known to have replayed on the server
 // that b's reads reach: nothing when that server may change under b (a
-// transaction pooler) or is another instance than the one seen.
+// transaction pooler), is another instance than the one seen, or either
+// instance is unknown (0: the identity could not be read). An unknown
+// identity is no identity: two zeros say nothing of being one server.
 func (n *node) knownReplayOn(b *backend) lsn.LSN {
-	if b.peer.TxPooled {
+	if b.peer.TxPooled || b.peer.Instance == 0 {
 		return 0
 	}
 	p, inst := n.replay.load()

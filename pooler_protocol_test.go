@@ -195,17 +195,37 @@ type instanceReplica struct {
 	mu  sync.Mutex
 	r   protoReplica
 	pos map[string]string
+	// cur: the instance new connections reach (point); opened: the one
+	// each connection reached, for those that never asked (pooler=
+	// transaction sends no identity query).
+	cur    string
+	opened map[int]string
 }
 
 func (ir *instanceReplica) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendMessage {
 	ir.mu.Lock()
 	defer ir.mu.Unlock()
-	if p, ok := ir.pos[c.Instance()]; ok {
+	inst := c.Instance()
+	if inst == "" {
+		if _, ok := ir.opened[c.ID()]; !ok {
+			ir.opened[c.ID()] = ir.cur
+		}
+		inst = ir.opened[c.ID()]
+	}
+	if p, ok := ir.pos[inst]; ok {
 		ir.r.mu.Lock()
 		ir.r.replay = p
 		ir.r.mu.Unlock()
 	}
 	return ir.r.handle(c, b)
+}
+
+// point makes new connections to srv reach instance inst.
+func (ir *instanceReplica) point(srv *pgfake.Server, inst string) {
+	ir.mu.Lock()
+	ir.cur = inst
+	ir.mu.Unlock()
+	srv.SetInstance(inst)
 }
 
 func (ir *instanceReplica) set(inst, pos string) {
@@ -217,13 +237,13 @@ func (ir *instanceReplica) set(inst, pos string) {
 // instanceCluster starts a fake writer and one fake standby address (that
 // looks like a pooler with pooled), and a pool on them with a short
 // budget.
-func instanceCluster(t *testing.T, pooled bool) (*sql.DB, *instanceReplica, *pgfake.Server, *pgryw.Connector) {
+func instanceCluster(t *testing.T, pooled bool, extra ...string) (*sql.DB, *instanceReplica, *pgfake.Server, *pgryw.Connector) {
 	t.Helper()
 	writer := fakeWriter(t)
-	ir := &instanceReplica{r: protoReplica{replay: protoStart, status: "success"}, pos: map[string]string{}}
+	ir := &instanceReplica{r: protoReplica{replay: protoStart, status: "success"}, pos: map[string]string{}, cur: "fake", opened: map[int]string{}}
 	srv := fakeServer(t, pgfake.Config{ServerVersion: "15.4", InHotStandby: "on", Handler: ir.handle, Pooled: pooled})
-	db, c := openDSN(t, fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 wait_timeout=30ms replicas=%s",
-		writer.Host(), writer.Port(), srv.Addr()))
+	db, c := openDSN(t, fmt.Sprintf("host=%s port=%d user=app password=secret dbname=app sslmode=disable connect_timeout=2 wait_timeout=30ms replicas=%s %s",
+		writer.Host(), writer.Port(), srv.Addr(), strings.Join(extra, " ")))
 	db.SetMaxOpenConns(1)
 	return db, ir, srv, c
 }
@@ -241,29 +261,35 @@ func readOnce(t *testing.T, db *sql.DB, what string) string {
 // TCP balancer's target changed) while connections to the old one stay
 // up: what the old one replayed, seen by the pool's read and by the
 // monitor's connection, says nothing of the new one, whose connections
-// check again. Without the instance binding the new connection's read
-// skipped its check and returned the row as it was before the write.
+// check again, in every pooler mode. Without the instance binding the new
+// connection's read skipped its check and returned the row as it was
+// before the write; with pooler=none the instance was not read at all
+// (recorded as zero on both connections, and zero matched zero).
 func TestProtocolAddressLeadsToAnotherInstance(t *testing.T) {
-	db, ir, srv, c := instanceCluster(t, false)
-	ir.set("A", protoLSN)
-	srv.SetInstance("A")
-	if _, err := db.Exec(protoInsert, 1); err != nil {
-		t.Fatal(err)
-	}
-	if v := readOnce(t, db, "read on A"); v != "new" {
-		t.Fatalf("read on A: %q, want the write's row", v)
-	}
-	// B has not replayed the write; new connections reach B.
-	ir.set("B", protoBehind)
-	srv.SetInstance("B")
-	db.SetMaxIdleConns(0) // the pool's connection goes,
-	db.SetMaxIdleConns(2)
-	pgryw.CloseIdleReplicaConns(c) // and the replica connection to A it gave back
-	if v := readOnce(t, db, "read on B"); v == "old" {
-		t.Fatal("the read on the other instance skipped its check and returned the row before the write")
-	}
-	if n := polls(srv, "B"); n == 0 {
-		t.Error("no check reached instance B")
+	for _, mode := range []string{"auto", "none", "session", "transaction"} {
+		t.Run("pooler="+mode, func(t *testing.T) {
+			db, ir, srv, c := instanceCluster(t, false, "pooler="+mode)
+			ir.set("A", protoLSN)
+			ir.point(srv, "A")
+			if _, err := db.Exec(protoInsert, 1); err != nil {
+				t.Fatal(err)
+			}
+			if v := readOnce(t, db, "read on A"); v != "new" {
+				t.Fatalf("read on A: %q, want the write's row", v)
+			}
+			// B has not replayed the write; new connections reach B.
+			ir.set("B", protoBehind)
+			ir.point(srv, "B")
+			db.SetMaxIdleConns(0) // the pool's connection goes,
+			db.SetMaxIdleConns(2)
+			pgryw.CloseIdleReplicaConns(c) // and the replica connection to A it gave back
+			if v := readOnce(t, db, "read on B"); v == "old" {
+				t.Fatal("the read on the other instance skipped its check and returned the row before the write")
+			}
+			if n := ir.polls(srv, "B"); n == 0 {
+				t.Error("no check reached instance B")
+			}
+		})
 	}
 }
 
@@ -316,9 +342,21 @@ func TestProtocolPooledReplicaChecksEveryRead(t *testing.T) {
 // polls counts the replay polls that reached instance inst on connections
 // that ran a read (the pool's).
 func polls(srv *pgfake.Server, inst string) int {
+	return (&instanceReplica{}).polls(srv, inst)
+}
+
+// polls is polls, for connections that reached inst by what ir saw of
+// them (pooler=transaction asks no identity).
+func (ir *instanceReplica) polls(srv *pgfake.Server, inst string) int {
 	n := 0
 	for _, c := range srv.Conns() {
-		if c.Instance() != inst {
+		got := c.Instance()
+		if got == "" {
+			ir.mu.Lock()
+			got = ir.opened[c.ID()]
+			ir.mu.Unlock()
+		}
+		if got != inst {
 			continue
 		}
 		for _, b := range c.Batches() {

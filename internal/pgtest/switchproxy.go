@@ -27,3 +27,13 @@ func StartSwitchProxy(target string) (*SwitchProxy, error) {
 // SetTarget forwards new connections to target ("" for none) and ends the
 // connections forwarded so far.
 func (p *SwitchProxy) SetTarget(target string) { p.retarget(target) }
+
+// Repoint forwards new connections to target ("" for none) and leaves the
+// connections forwarded so far as they are: an address that starts leading
+// to another server (a DNS name moved, a balancer's target changed) while
+// connections to the old one live on.
+func (p *SwitchProxy) Repoint(target string) {
+	p.mu.Lock()
+	p.target = target
+	p.mu.Unlock()
+}
