@@ -530,6 +530,80 @@ func TestSnapshotHeld(t *testing.T) {
 	}
 }
 
+// A caller's deadline shorter than wait_timeout keeps a reserve for the
+// fallback: the wait gets what is left less the most of the floor, four of
+// the primary's round trips and a fifth of the time left; nothing when
+// that leaves nothing, and then a replica not known to have replayed the
+// watermark is given up at once (hopeless), one known to have is still
+// ready.
+func TestDeadlineBudget(t *testing.T) {
+	c := &Connector{cfg: &Config{WaitTimeout: time.Second}, topo: topology{primary: &node{index: -1}}}
+	within := func(got, want time.Duration) bool { return got <= want && got > want-5*time.Millisecond }
+	if got := c.budget(context.Background()); got != time.Second {
+		t.Errorf("no deadline: budget %v, want wait_timeout", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if got := c.budget(ctx); got != time.Second {
+		t.Errorf("a far deadline: budget %v, want wait_timeout", got)
+	}
+	for _, tc := range []struct {
+		left, rt, want time.Duration
+	}{
+		{400 * time.Millisecond, 0, 320 * time.Millisecond},                       // a fifth of the time left
+		{50 * time.Millisecond, 0, 30 * time.Millisecond},                         // the floor
+		{50 * time.Millisecond, 6 * time.Millisecond, 26 * time.Millisecond},      // four round trips
+		{15 * time.Millisecond, 0, 0},                                             // nothing left to wait with
+		{1100 * time.Millisecond, 0, 880 * time.Millisecond},                      // still under wait_timeout
+		{1500 * time.Millisecond, 300 * time.Millisecond, 300 * time.Millisecond}, // 1.5s − 4×0.3s
+	} {
+		c.topo.primary.roundTrip.Store(int64(tc.rt))
+		ctx, cancel := context.WithTimeout(context.Background(), tc.left)
+		got := c.budget(ctx)
+		cancel()
+		if !within(got, tc.want) && !(tc.want == 0 && got == 0) {
+			t.Errorf("%v left, round trip %v: budget %v, want about %v", tc.left, tc.rt, got, tc.want)
+		}
+	}
+	topo := &topology{}
+	for i, r := range []lsn.LSN{100, 300} {
+		n := &node{index: i}
+		n.replay.update(r, 7, true)
+		topo.replicas = append(topo.replicas, n)
+	}
+	if n, hopeless := topo.pick(200, 0, 0); n == nil || n.index != 1 || hopeless {
+		t.Errorf("no budget, one replica caught up: %+v, hopeless %v", n, hopeless)
+	}
+	if n, hopeless := topo.pick(400, 0, 0); n == nil || !hopeless {
+		t.Errorf("no budget, none caught up: %+v, hopeless %v, want hopeless", n, hopeless)
+	}
+	if n, hopeless := topo.pick(400, 0, time.Second); n == nil || hopeless {
+		t.Errorf("a budget, lag unknown: %+v, hopeless %v, want one to wait on", n, hopeless)
+	}
+}
+
+// The primary's round trip estimate falls to a quicker sample at once and
+// rises by an eighth towards a slower one; one sample is capped.
+func TestRoundTripEstimate(t *testing.T) {
+	var n node
+	n.sawRoundTrip(8 * time.Millisecond)
+	if got := n.roundTrip.Load(); got != int64(8*time.Millisecond) {
+		t.Fatalf("first sample: %v", time.Duration(got))
+	}
+	n.sawRoundTrip(time.Millisecond)
+	if got := n.roundTrip.Load(); got != int64(time.Millisecond) {
+		t.Fatalf("a quicker one: %v", time.Duration(got))
+	}
+	n.sawRoundTrip(9 * time.Millisecond)
+	if got := n.roundTrip.Load(); got != int64(2*time.Millisecond) {
+		t.Fatalf("a slower one: %v, want 2ms", time.Duration(got))
+	}
+	n.sawRoundTrip(time.Hour)
+	if got := time.Duration(n.roundTrip.Load()); got > 2*time.Millisecond+maxRoundTripSample/8 {
+		t.Fatalf("a long statement moved it to %v", got)
+	}
+}
+
 // What a node was seen to replay holds for a connection only where both
 // name the same server instance: an unknown instance (0) is no identity.
 func TestKnownReplayOnUnknownInstance(t *testing.T) {

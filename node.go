@@ -46,6 +46,10 @@ type node struct {
 	lagHigh   atomic.Int64
 	lagHighAt atomic.Int64
 	waits     atomic.Int64 // reads waiting on this replica (max_waits, overload.go)
+	// roundTrip is a quick round trip to the node, ns (0: none seen yet):
+	// what a read on the primary takes when it falls back, for the
+	// reserve a caller's deadline keeps for it (Connector.budget).
+	roundTrip atomic.Int64
 	// firstDelay is how long after a write a read's first check is sent
 	// to this replica, ns (pace.go): learned from first checks, so that
 	// about one in four finds the replica behind (unless capped at
@@ -447,4 +451,25 @@ func (n *node) fastPathOff() {
 	n.fastFails.Store(0)
 	n.fastOffUntil.Store(time.Now().Add(fastCaptureOff).UnixNano())
 	n.fastState.Store(fastUnknown)
+}
+
+// maxRoundTripSample caps one sample of sawRoundTrip: a long statement
+// says nothing of the network.
+const maxRoundTripSample = time.Second
+
+// sawRoundTrip takes in a round trip of d to n: the estimate falls to a
+// quicker one at once and rises towards a slower one by an eighth of the
+// difference, so it follows what a quick read takes, not the slow ones.
+func (n *node) sawRoundTrip(d time.Duration) {
+	v := int64(min(max(d, 0), maxRoundTripSample))
+	for {
+		old := n.roundTrip.Load()
+		next := v
+		if old != 0 && v > old {
+			next = old + (v-old)/8
+		}
+		if next == old || n.roundTrip.CompareAndSwap(old, next) {
+			return
+		}
+	}
 }

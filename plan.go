@@ -169,16 +169,40 @@ func (cn *Conn) planForBegin(ctx context.Context, opts driver.TxOptions) plan {
 	})
 }
 
-// budget is how long a read may wait for a replica: wait_timeout, or what is
-// left of the caller's deadline if that is sooner.
+// budget is how long a read may wait for a replica: wait_timeout, or, when
+// the caller's deadline comes sooner, what is left of it less a reserve for
+// what on_timeout does next (fallbackReserve). A wait that took the whole
+// deadline would leave the primary read on_timeout=primary promises no time
+// to run: a lag spike would turn into failed requests. 0 when nothing is
+// left to wait with: a replica not known to have replayed the watermark is
+// then given up at once (topology.rate).
 func (c *Connector) budget(ctx context.Context) time.Duration {
 	budget := c.cfg.WaitTimeout
 	if dl, ok := ctx.Deadline(); ok {
-		if left := time.Until(dl); left < budget {
-			budget = left
+		left := time.Until(dl)
+		if left = left - c.fallbackReserve(left); left < budget {
+			budget = max(left, 0)
 		}
 	}
 	return budget
+}
+
+// Reserve for the fallback, kept out of the caller's time left when its
+// deadline bounds a wait: the most of reserveFloor, reserveRoundTrips of
+// the primary's round trip as measured (node.roundTrip), and
+// 1/reserveShare of the time left. Generous on purpose: a fallback read
+// that misses the deadline fails the request, where a wait cut short only
+// costs the primary one read.
+const (
+	reserveFloor      = 20 * time.Millisecond
+	reserveRoundTrips = 4
+	reserveShare      = 5
+)
+
+// fallbackReserve is the reserve for a caller with left until its deadline.
+func (c *Connector) fallbackReserve(left time.Duration) time.Duration {
+	rt := time.Duration(c.topo.primary.roundTrip.Load())
+	return max(reserveFloor, reserveRoundTrips*rt, left/reserveShare)
 }
 
 type ctxKey int

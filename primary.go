@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -137,7 +138,14 @@ func (cn *Conn) runPrimary(ctx context.Context, cls sqlclass.Result, p *plan, op
 		return nil, err
 	}
 	ws := cn.beforePrimary(ctx, &cls)
+	var start time.Time
+	if p.read {
+		start = time.Now() // a read's round trip: the fallback reserve's measure
+	}
 	err = op.run(cn.primary)
+	if p.read && err == nil {
+		cn.primary.node.sawRoundTrip(time.Since(start))
+	}
 	if cn.staleRead(&cls, &ws, err) {
 		cn.afterPrimary(ctx, &ws, err)
 		ws = cn.beforePrimary(ctx, &cls)

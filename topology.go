@@ -87,7 +87,8 @@ func (t *topology) rate(r *node, wm lsn.LSN, budget time.Duration, clock func() 
 	if r.knownReplay() >= wm {
 		return rateReady
 	}
-	if t.hopeless(r, wm, budget, clock()) {
+	if budget <= 0 || t.hopeless(r, wm, budget, clock()) {
+		// (No budget: the caller's deadline left no time to wait.)
 		return rateHopeless
 	}
 	return rateBehind
