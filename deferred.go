@@ -266,14 +266,17 @@ func (p *pendingCapture) abandon() {
 	if p.settled {
 		return
 	}
-	p.markSettled()
+	// Lost first, then out of the sets: a reader that no longer finds p
+	// there must find its loss.
 	p.b.captureUnanswered(p.inj)
 	p.cn.markLostFor(p.cs, p.wrote)
+	p.markSettled()
 	p.wake()
 }
 
-// markSettled takes p out of the sets that wait for it. Call it with p.mu
-// held.
+// markSettled takes p out of the sets that wait for it, once its position
+// is in the watermarks it advances, or its loss is marked: a reader that
+// finds it gone from a set must find its effect. Call it with p.mu held.
 func (p *pendingCapture) markSettled() {
 	p.settled = true
 	if p.db {
@@ -347,8 +350,8 @@ func (p *pendingCapture) settle(ctx context.Context) error {
 		return context.DeadlineExceeded
 	}
 	if !p.settled {
+		p.cn.applyPending(p) // before markSettled: see there
 		p.markSettled()
-		p.cn.applyPending(p)
 		p.wake()
 	}
 	return nil

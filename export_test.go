@@ -110,3 +110,12 @@ func FirstDelay(c *Connector, i int) time.Duration {
 func SetFirstDelay(c *Connector, i int, d time.Duration) {
 	c.topo.replicas[i].firstDelay.Store(int64(d))
 }
+
+// HoldPositionHistory locks c's history of primary positions (the lag
+// estimates'), so that the next goroutine recording a primary position
+// there (applying a capture's answer: sawPrimary) stops at it until
+// release is called.
+func HoldPositionHistory(c *Connector) (release func()) {
+	c.topo.hist.mu.Lock()
+	return c.topo.hist.mu.Unlock
+}
