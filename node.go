@@ -258,7 +258,7 @@ func (n *node) backoff(k int32) time.Duration {
 }
 
 // replaySeen is a replay position and the server instance
-// (wire.Peer.Instance; 0: none known, as with pooler=none) that reported
+// (wire.Peer.Instance; 0: none known, which vouches for nothing) that reported
 // it, read together without a lock (a sequence lock: writers take mu and
 // make seq odd while they write). What one instance replayed says nothing
 // of another behind the same address (a pooler repointed, a DNS name

@@ -73,9 +73,22 @@ type tpStep struct {
 	tx   sql.TxOptions
 	stmt int // prepared statement slot
 
+	// deadline: the step runs with a context deadline this soon
+	// (tpStepTimeout when 0), below pgryw's wait_timeout: a read waiting
+	// on a replica behind must leave on_timeout=primary time to answer.
+	deadline time.Duration
+
 	batch []tpStep // batch: its statements (sql and args)
 	cb    bool     // batch: read through the statements' callbacks, run by Close
 	rows  [][]any  // copy: the rows copied into t
+}
+
+// timeout is how long the step has: its deadline, or tpStepTimeout.
+func (s tpStep) timeout() time.Duration {
+	if s.deadline > 0 {
+		return s.deadline
+	}
+	return tpStepTimeout
 }
 
 // texts is the step's SQL, a batch's statements' joined.
@@ -103,6 +116,11 @@ func tpOnlyNode(s tpStep) bool {
 }
 
 func (s tpStep) String() string {
+	if s.deadline > 0 {
+		t := s
+		t.deadline = 0
+		return fmt.Sprintf("%s within %v", t, s.deadline)
+	}
 	who := "db"
 	if s.sess >= 0 {
 		who = fmt.Sprintf("s%d", s.sess)
@@ -139,6 +157,9 @@ type tpResult struct {
 	locks    string // advisory locks in the database, as the observer sees them
 	notified string // notifications the observer received since the last step
 	took     time.Duration
+	// served: pgryw's reports of the statements of a step with a deadline
+	// (ServedBy), for the description of a difference; not compared.
+	served string
 	// moved: on pgryw's side, the step moved a read-only transaction from
 	// its replica to the primary after its snapshot was taken
 	// (Stats.SnapshotMoves rose).
@@ -160,6 +181,9 @@ func (r tpResult) String() string {
 		fmt.Fprintf(&b, " affected %s", r.affected)
 	}
 	fmt.Fprintf(&b, "; locks [%s]; notified [%s]", r.locks, r.notified)
+	if r.served != "" {
+		fmt.Fprintf(&b, "; took %v, served %s", r.took.Round(time.Millisecond), r.served)
+	}
 	return b.String()
 }
 
@@ -202,7 +226,8 @@ var transparencyIntended = []tpIntended{
 		id:  "replica-fails-mid-result",
 		why: "a read whose replica connection breaks after rows reached the caller fails, as it would on any server (docs/guarantees.md, Failures fall back)",
 		accept: func(prog []tpStep, _ []tpResult, i int, pgx, ryw tpResult) bool {
-			return pgx.err == "" && ryw.err != "" && !strings.HasPrefix(ryw.err, "SQLSTATE ") && prog[i].op == "query" && tpFaultsFired.Load() > 0
+			return pgx.err == "" && ryw.err != "" && !strings.HasPrefix(ryw.err, "SQLSTATE ") && prog[i].op == "query" && tpFaultsFired.Load() > 0 &&
+				!tpWaitEnded(prog[i], ryw)
 		},
 	},
 	{
@@ -268,6 +293,17 @@ var transparencyIntended = []tpIntended{
 // way.
 var tpKills, tpKillsTotal atomic.Int64
 
+// tpWaitEnded reports that a read with a deadline failed as one its wait
+// ended would (the context's end, or database/sql's bad connection): never
+// an intended difference. pgx on the primary answers such a read well
+// within its deadline, and on_timeout=primary promises pgryw does too.
+func tpWaitEnded(st tpStep, ryw tpResult) bool {
+	return st.deadline > 0 && (strings.Contains(ryw.err, "deadline exceeded") || strings.Contains(ryw.err, "bad connection"))
+}
+
+// tpRepoints counts the proxy repoints of the run (tpRun.proxies).
+var tpRepoints atomic.Int64
+
 // tpFaultsFired counts replica faults (connection faults, kills) that fired
 // in the pgryw run under
 // way (tpRun resets it per program).
@@ -312,12 +348,52 @@ type tpRun struct {
 	dbs    [2]string // pgx's, pgryw's
 	nw     *faultnet.Network
 	faults bool
-	ryw    string       // DSN keys of pgryw's alone (write_functions=...)
-	txOpen atomic.Int32 // on the pgryw side: transactions open now
+	ryw    string // DSN keys of pgryw's alone (write_functions=...)
+	// proxies stand in front of the replicas on pgryw's side (none
+	// through bouncers): a fault repoints one at the other standby while
+	// the connections already made through it live on (tpRepoint).
+	proxies []*pgtest.SwitchProxy
+	// pooler: the pooler mode of the program under way, by its seed
+	// (with proxies): the repoint must be caught in every mode.
+	pooler string
+	// quietSteps: a step with a deadline is running on pgryw's side, and
+	// no network fault is armed meanwhile (quiet); lastStall: when a stall
+	// last fired, unix ns.
+	quietSteps atomic.Int32
+	// cur: pgryw's connector of the program under way (its faults let
+	// its idle replica connections go at a repoint).
+	cur       atomic.Pointer[pgryw.Connector]
+	lastStall atomic.Int64
+	txOpen    atomic.Int32 // on the pgryw side: transactions open now
 	// faultMu orders arming a fault against a transaction's start: a
 	// fault armed before it must not fire inside it.
 	faultMu sync.Mutex
 }
+
+// rywKeys are the DSN keys of pgryw's side for the program under way:
+// the replicas (through the proxies, when there are), the pooler mode and
+// r.ryw.
+func (r *tpRun) rywKeys() string {
+	addrs := cluster.ReplicaAddrs()
+	if r.proxies != nil {
+		addrs = nil
+		for _, p := range r.proxies {
+			addrs = append(addrs, p.Addr())
+		}
+	}
+	keys := "&replicas=" + strings.Join(addrs, ",")
+	if r.pooler != "" {
+		keys += "&pooler=" + r.pooler
+	}
+	if r.ryw != "" {
+		keys += "&" + r.ryw
+	}
+	return keys
+}
+
+// tpPoolers are the pooler modes programs run in, by their seeds: none
+// twice, where nothing else tells one server instance from another.
+var tpPoolers = []string{"auto", "none", "session", "transaction", "none"}
 
 func tpSeedValue(t *testing.T) int64 {
 	if *transparencySeed != 0 {
@@ -346,13 +422,26 @@ func tpCheck(t *testing.T, native bool, progsEnv string, def int) {
 	fmt.Fprintf(os.Stderr, "transparency: seed %d\n", seed)
 	t.Logf("transparency: seed %d", seed)
 	r := &tpRun{t: t, seed: seed, nw: faultnet.New(), faults: os.Getenv("PGRYW_TRANSPARENCY_FAULTS") != "off", native: native}
-	r.nw.OnFire = func(c *faultnet.Conn, _ faultnet.Kind) {
+	r.nw.OnFire = func(c *faultnet.Conn, k faultnet.Kind) {
+		if k == faultnet.Stall || k == faultnet.StallAfterReady {
+			r.lastStall.Store(time.Now().UnixNano())
+		}
 		if c.Port() != tpPrimaryPort() {
 			tpFaultsFired.Add(1) // a primary fault must not show at all
 		}
 	}
 	r.setup()
 	setDelay(t, 30*time.Millisecond)
+	if cluster.Bouncers() == nil {
+		for _, a := range cluster.ReplicaAddrs() {
+			p, err := pgtest.StartSwitchProxy(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			r.proxies = append(r.proxies, p)
+		}
+	}
 
 	progs := def
 	var deadline time.Time
@@ -401,7 +490,7 @@ func tpCheck(t *testing.T, native bool, progsEnv string, def int) {
 	for k := faultnet.CutWrite; k <= faultnet.StallAfterReady; k++ {
 		fired = append(fired, fmt.Sprintf("%s %d", k, r.nw.Fired(k)))
 	}
-	t.Logf("transparency: %d steps, no difference; faults %v (fired: %s; replicas stopped %d)", steps, r.faults, strings.Join(fired, ", "), tpKillsTotal.Load())
+	t.Logf("transparency: %d steps, no difference; faults %v (fired: %s; replicas stopped %d; repoints %d)", steps, r.faults, strings.Join(fired, ", "), tpKillsTotal.Load(), tpRepoints.Load())
 }
 
 // setup creates the two databases and the role.
@@ -507,10 +596,7 @@ func (r *tpRun) open(i int, extra string) (*tpSide, error) {
 		s.db, err = sql.Open("pgx", tpDSN(db, extra))
 	} else {
 		var cfg *pgryw.Config
-		dsn := tpDSN(db, extra) + "&wait_timeout=300ms&replicas=" + strings.Join(cluster.ReplicaAddrs(), ",")
-		if r.ryw != "" {
-			dsn += "&" + r.ryw
-		}
+		dsn := tpDSN(db, extra) + "&wait_timeout=300ms" + r.rywKeys()
 		cfg, err = pgryw.ParseDSN(dsn)
 		if err == nil {
 			s.c, err = pgryw.NewConnector(cfg)
@@ -621,10 +707,10 @@ func (s *tpSide) run(st tpStep) tpResult {
 	if s.native {
 		return s.runNative(st)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), tpStepTimeout)
+	var res tpResult
+	ctx, cancel := context.WithTimeout(s.servedCtx(st, &res), st.timeout())
 	defer cancel()
 	start := time.Now()
-	var res tpResult
 	q := s.on(st.sess)
 	switch st.op {
 	case "exec":
@@ -710,6 +796,19 @@ func (s *tpSide) run(st tpStep) tpResult {
 	res.took = time.Since(start)
 	s.observe(&res)
 	return res
+}
+
+// servedCtx is the context a step starts from: on pgryw's side, for a step
+// with a deadline, one that notes pgryw's reports of its statements in
+// res.served.
+func (s *tpSide) servedCtx(st tpStep, res *tpResult) context.Context {
+	ctx := context.Background()
+	if s.c == nil || st.deadline == 0 {
+		return ctx
+	}
+	return pgryw.WithServedBy(ctx, func(_ context.Context, sb pgryw.ServedBy) {
+		res.served += fmt.Sprintf("[%s %s %s wait %v checked %v]", sb.Role, sb.Route, sb.Fallback, sb.Wait.Round(time.Millisecond), sb.Checked)
+	})
 }
 
 // beforeExec does an Exec step's bookkeeping, before it runs: a block it
@@ -873,6 +972,9 @@ func tpFinal(db string) tpResult {
 func (r *tpRun) compare(prog []tpStep, extra string, pseed int64) (int, tpResult, tpResult) {
 	var results [2][]tpResult
 	var finals [2]tpResult
+	if r.proxies != nil {
+		r.pooler = tpPoolers[uint64(pseed)%uint64(len(tpPoolers))]
+	}
 	for side := 0; side < 2; side++ {
 		s, err := r.open(side, extra)
 		if err != nil {
@@ -882,6 +984,7 @@ func (r *tpRun) compare(prog []tpStep, extra string, pseed int64) (int, tpResult
 		tpFaultsFired.Store(0)
 		tpKills.Store(0)
 		if side == 1 && r.faults {
+			r.cur.Store(s.c)
 			stopFaults = r.startFaults(pseed)
 			rng := rand.New(rand.NewPCG(uint64(pseed), 7))
 			s.poolExec = func() { r.armPoolFault(s, rng) }
@@ -891,11 +994,18 @@ func (r *tpRun) compare(prog []tpStep, extra string, pseed int64) (int, tpResult
 			if s.c != nil {
 				moves = s.c.Stats().SnapshotMoves
 			}
-			res := s.run(st)
+			var res tpResult
+			if side == 1 && st.deadline > 0 {
+				end := r.quiet()
+				res = s.run(st)
+				end()
+			} else {
+				res = s.run(st)
+			}
 			res.moved = s.c != nil && s.c.Stats().SnapshotMoves > moves
 			results[side] = append(results[side], res)
-			if res.took > tpStepTimeout+tpLiveness {
-				r.t.Errorf("transparency: %s took %v on side %d, beyond its deadline %v + %v", st, res.took, side, tpStepTimeout, tpLiveness)
+			if dl := st.timeout(); res.took > dl+tpLiveness {
+				r.t.Errorf("transparency: %s took %v on side %d, beyond its deadline %v + %v", st, res.took, side, dl, tpLiveness)
 			}
 		}
 		if stopFaults != nil {
@@ -961,7 +1071,14 @@ func (r *tpRun) startFaults(pseed int64) func() {
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	var ports []uint16
-	for _, a := range cluster.ReplicaAddrs() {
+	addrs := cluster.ReplicaAddrs()
+	if r.proxies != nil {
+		addrs = nil // faultnet knows connections by the port pgryw dials
+		for _, p := range r.proxies {
+			addrs = append(addrs, p.Addr())
+		}
+	}
+	for _, a := range addrs {
 		_, p, _ := strings.Cut(a, ":")
 		n, _ := strconv.Atoi(p)
 		ports = append(ports, uint16(n))
@@ -969,11 +1086,14 @@ func (r *tpRun) startFaults(pseed int64) func() {
 	go func() {
 		defer close(done)
 		ctx := context.Background()
-		paused, killed := -1, -1
-		var killedAt time.Time
+		paused, killed, repointed := -1, -1, -1
+		var killedAt, repointedAt time.Time
 		for {
 			select {
 			case <-stop:
+				if repointed >= 0 {
+					r.proxies[repointed].Repoint(cluster.ReplicaAddrs()[repointed])
+				}
 				if paused >= 0 {
 					cluster.ResumeReplay(ctx, paused)
 				}
@@ -985,13 +1105,49 @@ func (r *tpRun) startFaults(pseed int64) func() {
 				return
 			case <-time.After(time.Duration(5+rng.IntN(40)) * time.Millisecond):
 			}
+			if repointed >= 0 && time.Since(repointedAt) > 400*time.Millisecond {
+				r.proxies[repointed].Repoint(cluster.ReplicaAddrs()[repointed])
+				if paused == (repointed+1)%len(r.proxies) {
+					cluster.ResumeReplay(ctx, paused)
+					paused = -1
+				}
+				repointed = -1
+			}
 			if killed >= 0 && time.Since(killedAt) > 150*time.Millisecond {
 				if err := cluster.StartNode(killed); err != nil {
 					r.t.Errorf("transparency: restart replica %d: %v", killed, err)
 				}
 				killed = -1
 			}
-			switch x := rng.IntN(12); {
+			switch x := rng.IntN(14); {
+			case x >= 12 && repointed < 0 && paused < 0 && killed < 0 && len(r.proxies) > 1:
+				// An address that starts leading to the other standby
+				// (a DNS name moved, a balancer's target changed) while
+				// the connections made through it live on: what pgryw
+				// learnt of the old one must not spare reads on new
+				// connections their check. The other standby is paused
+				// meanwhile (it falls behind what the old one replays);
+				// the idle replica connections are let go, and about half
+				// of those through the address reset, so that new ones
+				// are made there while the rest (the monitor's, say) go
+				// on learning what the old standby replays.
+				repointed, repointedAt = rng.IntN(len(r.proxies)), time.Now()
+				paused = (repointed + 1) % len(r.proxies)
+				cluster.PauseReplay(ctx, paused)
+				r.proxies[repointed].Repoint(cluster.ReplicaAddrs()[paused])
+				tpRepoints.Add(1) // (no fault that may show: nothing of it may)
+				if c := r.cur.Load(); c != nil {
+					pgryw.CloseIdleReplicaConns(c)
+				}
+				r.faultMu.Lock()
+				if r.quietSteps.Load() == 0 && r.txOpen.Load() == 0 {
+					for _, c := range r.nw.Conns(ports[repointed]) {
+						if rng.IntN(2) == 0 {
+							c.Arm(faultnet.Fault{Kind: faultnet.Reset})
+						}
+					}
+				}
+				r.faultMu.Unlock()
 			case x < 2:
 				if paused < 0 {
 					if paused = rng.IntN(len(cluster.Replicas)); paused == killed {
@@ -1008,7 +1164,7 @@ func (r *tpRun) startFaults(pseed int64) func() {
 				// one on any server does: cut nothing while one is open.
 				f := randomFault(rng)
 				r.faultMu.Lock()
-				if r.txOpen.Load() == 0 || f.Kind == faultnet.Stall {
+				if r.quietSteps.Load() == 0 && (r.txOpen.Load() == 0 || f.Kind == faultnet.Stall) {
 					if cs := r.nw.Conns(ports[rng.IntN(len(ports))]); len(cs) > 0 {
 						cs[rng.IntN(len(cs))].Arm(f)
 					}
@@ -1020,15 +1176,17 @@ func (r *tpRun) startFaults(pseed int64) func() {
 				if rng.IntN(2) == 0 {
 					f.Kind = faultnet.StallAfterReady
 				}
-				if cs := r.nw.Conns(tpPrimaryPort()); len(cs) > 0 {
+				r.faultMu.Lock()
+				if cs := r.nw.Conns(tpPrimaryPort()); len(cs) > 0 && r.quietSteps.Load() == 0 {
 					cs[rng.IntN(len(cs))].Arm(f)
 				}
+				r.faultMu.Unlock()
 			case x < 9 && killed < 0 && cluster.Bouncers() == nil:
 				// Killed only while no transaction is open, as with cuts;
 				// one that begins while it is down goes elsewhere.
 				i := rng.IntN(len(cluster.Replicas))
 				r.faultMu.Lock()
-				if r.txOpen.Load() == 0 && i != paused {
+				if r.txOpen.Load() == 0 && r.quietSteps.Load() == 0 && i != paused {
 					if err := cluster.StopNode(i); err != nil {
 						r.t.Errorf("transparency: stop replica %d: %v", i, err)
 					}
@@ -1051,6 +1209,29 @@ func (r *tpRun) startFaults(pseed int64) func() {
 			r.t.Errorf("transparency: heal: %v", err)
 		}
 	}
+}
+
+// tpStallMax is longer than any stall the checker arms lasts.
+const tpStallMax = 350 * time.Millisecond
+
+// quiet holds network faults off a step with a deadline on pgryw's side,
+// until the returned function is called: what is armed is disarmed, nothing
+// is armed meanwhile, and a stall that fired lately is let run out first. A
+// stall makes a round trip slow and changes nothing else: under a deadline
+// that is a time-out by design, which pgx, never stalled, would not meet.
+// Replay pauses and repointed addresses go on (no replica is stopped
+// meanwhile: on two cores, a server's shutdown and start take the CPU a
+// read's round trip needs): what pgryw must answer within the deadline is
+// a replica behind.
+func (r *tpRun) quiet() (end func()) {
+	r.faultMu.Lock()
+	r.quietSteps.Add(1)
+	r.nw.DisarmAll()
+	r.faultMu.Unlock()
+	if d := time.Until(time.Unix(0, r.lastStall.Load()).Add(tpStallMax)); d > 0 {
+		time.Sleep(d)
+	}
+	return func() { r.quietSteps.Add(-1) }
 }
 
 // armPoolFault may arm, before one of the pool's Execs on pgryw's side, a
@@ -1127,6 +1308,15 @@ func tpGenerate(rng *rand.Rand, native bool) ([]tpStep, string) {
 
 func (g *tpGen) add(s tpStep) { g.prog = append(g.prog, s) }
 
+// deadline draws a read's deadline: half of them get one below
+// pgryw's wait_timeout (300 ms), far above what pgx on the primary takes.
+func (g *tpGen) deadline() time.Duration {
+	if g.rng.IntN(2) != 0 {
+		return 0
+	}
+	return time.Duration(150+50*g.rng.IntN(3)) * time.Millisecond
+}
+
 // id is a row id of session s's own (the pool's for s < 0).
 func (g *tpGen) id(s int) int64 { return int64((s+1)*10 + g.rng.IntN(4)) }
 
@@ -1169,16 +1359,16 @@ func (g *tpGen) step() {
 	s := g.rng.IntN(tpSessions)
 	x := g.rng.IntN(100)
 	switch {
-	case x < 6: // the pool: stateless statements only
+	case x < 9: // the pool: stateless statements only
 		if g.rng.IntN(2) == 0 {
 			g.add(tpStep{sess: -1, op: "exec", sql: "INSERT INTO t VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET v = t.v + 1", args: []any{g.id(-1), int64(1)}})
 		} else {
-			g.add(tpStep{sess: -1, op: "query", sql: "SELECT id, v FROM t ORDER BY id"})
+			g.add(tpStep{sess: -1, op: "query", sql: "SELECT id, v FROM t ORDER BY id", deadline: g.deadline()})
 		}
 	case x < 22:
 		g.write(s)
 	case x < 45:
-		g.add(tpStep{sess: s, op: "query", sql: tpReads[g.rng.IntN(len(tpReads))]})
+		g.add(tpStep{sess: s, op: "query", sql: tpReads[g.rng.IntN(len(tpReads))], deadline: g.deadline()})
 	case x < 55:
 		g.session(s)
 	case x < 68:

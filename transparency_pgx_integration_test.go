@@ -13,7 +13,6 @@ import (
 	"context"
 	"database/sql"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -84,10 +83,7 @@ func (r *tpRun) openNative(i int, extra string) (*tpSide, error) {
 			}
 			r.faultMu.Unlock()
 		}
-		dsn := tpDSN(db, extra) + size + "&wait_timeout=300ms&replicas=" + strings.Join(cluster.ReplicaAddrs(), ",")
-		if r.ryw != "" {
-			dsn += "&" + r.ryw
-		}
+		dsn := tpDSN(db, extra) + size + "&wait_timeout=300ms" + r.rywKeys()
 		var pc *pgryw.PoolConfig
 		if pc, err = pgryw.ParsePoolConfig(dsn); err == nil {
 			if s.pool, err = pgryw.NewPoolWithConfig(ctx, pc); err == nil {
@@ -195,10 +191,10 @@ func tpStmtName(k int) string { return "stmt" + strconv.Itoa(k) }
 // runNative runs one step through pgx's front end and records what it
 // showed.
 func (s *tpSide) runNative(st tpStep) tpResult {
-	ctx, cancel := context.WithTimeout(context.Background(), tpStepTimeout)
+	var res tpResult
+	ctx, cancel := context.WithTimeout(s.servedCtx(st, &res), st.timeout())
 	defer cancel()
 	start := time.Now()
-	var res tpResult
 	q := s.pq(st.sess)
 	switch st.op {
 	case "exec":
