@@ -98,6 +98,48 @@ type backend struct {
 	// (idle) connection; nil when it cannot (no wire layer, a test's
 	// wrapper, a platform without it).
 	peek *sockPeek
+	// usedAt is when pgryw last sent, or was about to send, a statement
+	// of the application's on the connection (monoNow; 0: when opened),
+	// for goneIdle. Only ever earlier than the truth (a send it misses
+	// leaves it older), so the connection is looked at more, never less.
+	usedAt int64
+}
+
+// idleLook is how long a connection must have carried nothing of the
+// application's before pgryw looks at its socket (a system call) ahead of
+// using it again: the server may have ended it meanwhile
+// (idle_session_timeout, a restart). Far below any idle timeout a server
+// is given, and far above the gaps of a busy connection, which pays
+// nothing: the look comes after a pause that a network round trip
+// dwarfs. A timeout shorter than this is caught by the server's error
+// instead (EndedIdle).
+const idleLook = 100 * time.Millisecond
+
+// monoEpoch is the origin of monoNow.
+var monoEpoch = time.Now()
+
+// monoNow is the monotonic clock in nanoseconds since monoEpoch: immune
+// to wall-clock steps, and cheaper to read than time.Now.
+func monoNow() int64 { return int64(time.Since(monoEpoch)) }
+
+// touch stamps b as about to carry a statement, and reports whether it
+// had carried nothing for idleLook or longer: the server may have ended
+// it meanwhile (look with gone).
+func (b *backend) touch() (wasIdle bool) {
+	now := monoNow()
+	wasIdle = now-b.usedAt >= int64(idleLook)
+	b.usedAt = now
+	return wasIdle
+}
+
+// endedIdle reports that the server ended b's session because it sat idle
+// (idle_session_timeout), and unrun that nothing pgx sent since its
+// last answers ran (wire.Conn.EndedIdle).
+func (b *backend) endedIdle() (ended, unrun bool) {
+	if b.wire == nil {
+		return false, false
+	}
+	return b.wire.EndedIdle()
 }
 
 // newBackend takes one of the connector's server connections: every one
@@ -105,7 +147,7 @@ type backend struct {
 // (Connector.wireUp wraps the socket, after any TLS) unless the connector
 // has no replicas.
 func newBackend(dc driver.Conn, n *node) *backend {
-	b := &backend{conn: dc, node: n, ups: n.ups.Load()}
+	b := &backend{conn: dc, node: n, ups: n.ups.Load(), usedAt: monoNow()}
 	b.pg = dc.(*stdlib.Conn).Conn().PgConn()
 	b.major = majorVersion(b.pg.ParameterStatus("server_version"))
 	// Without replicas (Connector.plain) there is no wire layer: the
@@ -115,9 +157,10 @@ func newBackend(dc driver.Conn, n *node) *backend {
 		if b.peer.Auto && !b.peer.TxPooled && n.pooledSeen.Load() {
 			b.becomeTxPooled()
 		}
-		if n.index < 0 {
-			b.peek = newSockPeek(b.wire.Conn)
-		}
+		// Replica connections too: one a Conn holds, or one lent after it
+		// sat in its node's pool, may have been ended by the replica's
+		// idle_session_timeout.
+		b.peek = newSockPeek(b.wire.Conn)
 	}
 	// Servers ≥ 14 report in_hot_standby; a replica entry that points at a
 	// primary is caught here for free.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql/driver"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,30 +14,73 @@ import (
 	"github.com/pgryw/pgryw/internal/wire"
 )
 
-// checkPrimary looks, once per hand-out and before the first statement on
-// the primary connection, whether the server has ended it while it sat
-// idle in the pool (the writer died or was shut down, as in a failover, or
-// the session was terminated): a non-blocking look at its socket
-// (backend.gone). Such a connection is replaced, before anything is sent
-// on it, by a new one to the writer there is now, and the statement runs
-// there, with no error: whatever session state the ended session held is
-// gone with it, as it would be with the new connection database/sql would
-// otherwise take. A read routed to a replica does not look: it sends
+// checkPrimary looks, before a statement on the primary connection,
+// whether the server has ended it while it sat idle: a non-blocking look
+// at its socket (backend.gone), made once per hand-out, before the first
+// statement on the primary, and whenever the connection has carried
+// nothing for idleLook (backend.touch). A connection is ended while
+// idle in the pool when the writer died or was shut down, as in a
+// failover, or the session was terminated; and while its Conn is in use,
+// too, for the server sees only its own connection: a Conn whose reads
+// all go to replicas leaves its primary connection idle, and the server's
+// idle_session_timeout (or a restart meanwhile) ends it although the
+// caller never was. A read routed to a replica does not look: it sends
 // nothing on the primary, and the look, a system call, was a quarter of
 // what such a read cost pgryw beyond pgx.
+//
+// An ended connection is replaced, before anything is sent on it, by a new
+// one to the writer there is now, and the statement runs there, with no
+// error. Ended in the pool (at a hand-out), whatever session state the
+// ended session held is gone with it, as it would be with the new
+// connection database/sql would otherwise take. Ended while the Conn is in
+// use, the session's settings are restored on the new one
+// (replacePrimary), and prepared statements run by their text; a session
+// holding state that cannot be restored (an advisory lock, LISTEN, a
+// temporary table, PREPARE, a cursor WITH HOLD, state not read back) is
+// not replaced: its reads ran on the primary, so the connection sat as
+// idle as the caller did, and the statement gets the server's error, as
+// it would with pgx.
 //
 // If the new connection cannot be made, the statement gets
 // driver.ErrBadConn: nothing was sent, and database/sql runs it again on
 // another connection (within a sql.Conn it cannot: the caller gets the
 // error, as with any dead connection).
 func (cn *Conn) checkPrimary(ctx context.Context) error {
-	if !cn.checkDue {
-		return nil
-	}
+	b := cn.primary
+	handOut := cn.checkDue
 	cn.checkDue = false
-	if !cn.primary.gone() {
+	if wasIdle := b.touch(); !(handOut || wasIdle) || !b.gone() {
 		return nil
 	}
+	switch {
+	case handOut:
+		return cn.replacePrimary(ctx, false)
+	case cn.restorable():
+		return cn.replacePrimary(ctx, true)
+	}
+	return nil
+}
+
+// restorable reports whether the primary connection's session holds
+// nothing that a new connection would lack once given the session's
+// settings: no state that pins (but a setting a standby refuses, which is
+// a setting), no transaction block, no statement under way.
+func (cn *Conn) restorable() bool {
+	b := cn.primary
+	return cn.pins&^pinSettings == 0 && b.idle() && !b.pg.IsBusy() && cn.open.ctx == nil
+}
+
+// replacePrimary closes the primary connection, ended by its server, and
+// opens a new one to the writer. With keep, the session's settings are
+// given to the new session, which then carries what the caller set (the
+// same statement as replica connections are given them with, its names
+// and values bind parameters); without, they are forgotten. The
+// watermark is the Conn's and stays; a capture whose answer was due on the
+// old connection is marked lost, and the next read that needs it reads a
+// position afresh. If the new connection cannot be made or will not take
+// the settings, the caller gets driver.ErrBadConn: nothing of its
+// statement was sent.
+func (cn *Conn) replacePrimary(ctx context.Context, keep bool) error {
 	if cn.pending != nil {
 		cn.pending.abandon()
 		cn.pending = nil
@@ -47,10 +91,26 @@ func (cn *Conn) checkPrimary(ctx context.Context) error {
 		cn.lostErr = err
 		return driver.ErrBadConn
 	}
-	cn.primary = newBackend(dc, cn.c.topo.primary)
-	// The ended session's state went with it.
-	cn.dropSessionState(0, "primary connection replaced")
+	b := newBackend(dc, cn.c.topo.primary)
+	cn.primary = b
 	cn.resetPending, cn.blockWrote = false, false
+	set := &cn.sess.set
+	if !keep {
+		// The ended session's state went with it.
+		cn.dropSessionState(0, "primary connection replaced")
+		return nil
+	}
+	cn.c.logAt(slog.LevelInfo, "pgryw: the primary connection of a connection in use was ended by its server; replaced, with the session's settings",
+		slog.Int("settings", len(set.names)))
+	if len(set.names) == 0 {
+		return nil
+	}
+	res := b.pg.ExecParams(ctx, sqlApplySettings, [][]byte{textArray(set.names, nil), textArray(set.values, nil)}, nil, nil, nil).Read()
+	if res.Err != nil {
+		b.close()
+		cn.lostErr = res.Err
+		return driver.ErrBadConn
+	}
 	return nil
 }
 
@@ -146,9 +206,24 @@ func (cn *Conn) runPrimary(ctx context.Context, cls sqlclass.Result, p *plan, op
 	if p.read && err == nil {
 		cn.primary.node.sawRoundTrip(time.Since(start))
 	}
-	if cn.staleRead(&cls, &ws, err) {
+	switch {
+	case cn.staleRead(&cls, &ws, err):
 		cn.afterPrimary(ctx, &ws, err)
 		ws = cn.beforePrimary(ctx, &cls)
+		op.st = nil
+		err = op.run(cn.primary)
+	case cn.endedUnrun(&ws, err):
+		// The server ended the session for idleness as the statement
+		// went out (its timer fired before checkPrimary's look, or under
+		// TLS, where the look cannot see it): nothing of it ran, nor did
+		// what rode with it, so there is nothing to settle. It goes
+		// again, once, on a new connection with the session's settings.
+		if err := cn.replacePrimary(ctx, true); err != nil {
+			cn.releaseFallback()
+			return nil, err
+		}
+		ws = cn.beforePrimary(ctx, &cls)
+		op.discard()
 		op.st = nil
 		err = op.run(cn.primary)
 	}
@@ -195,6 +270,21 @@ type openStmt struct {
 // once, where plain pgx would fail the statement once.
 func (cn *Conn) staleRead(cls *sqlclass.Result, ws *primaryStmt, err error) bool {
 	return err != nil && ws.idleBefore && cn.primary.idle() && cn.c.readOnly(cls) && isStaleDescription(err)
+}
+
+// endedUnrun reports that a statement run on the primary outside a
+// transaction block failed because the server had ended the session for
+// idleness (idle_session_timeout) before running any of it
+// (wire.Conn.EndedIdle), on a session whose state a new connection can be
+// given (restorable): it may be sent again there, write or read. The
+// server's timer can fire just as the statement goes out, whatever the
+// look in front of it saw.
+func (cn *Conn) endedUnrun(ws *primaryStmt, err error) bool {
+	if err == nil || !ws.idleBefore || cn.pins&^pinSettings != 0 || cn.open.ctx != nil || !cn.primary.closed() {
+		return false
+	}
+	ended, unrun := cn.primary.endedIdle()
+	return ended && unrun
 }
 
 // lostRead reports that a read run on the primary outside a transaction

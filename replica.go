@@ -20,17 +20,29 @@ import (
 
 // replica returns this connection's backend for replica n: the one it
 // holds, else one borrowed from n's idle connections, else a new one; a
-// held one opened before n was last down is replaced.
+// held one opened before n was last down is replaced. So is one, held or
+// lent, that carried nothing for idleLook and that the server has ended
+// meanwhile (its idle_session_timeout, while this connection only wrote
+// or sat in n's pool): nothing of the caller's is lost with it, the
+// session's settings ride in front of the next read on the new one.
 func (cn *Conn) replica(ctx context.Context, n *node) (*backend, error) {
 	ups := n.ups.Load()
 	if b := cn.replicas[n.index]; b != nil {
-		if b.current(ups) {
+		if b.current(ups) && !(b.touch() && b.gone()) {
 			return b, nil
 		}
 		b.close()
 		cn.replicas[n.index] = nil
 	}
-	if b := n.idle.get(ups); b != nil {
+	for {
+		b := n.idle.get(ups)
+		if b == nil {
+			break
+		}
+		if b.touch() && b.gone() {
+			b.close()
+			continue
+		}
 		cn.replicas[n.index] = b
 		return b, nil
 	}
@@ -244,6 +256,7 @@ type replicaRead struct {
 	tried        uint64 // the replicas tried, by index bit
 	busy         *node  // a replica passed over for max_waits
 	retriedStale bool   // a stale description was read again once
+	idleEnded    int    // connections found ended by the server for idleness (outIdleEnded)
 	checked      bool   // the last attempt's read had a check riding with it
 	refusedCode  string // outRefusedAsStandby's SQLSTATE
 }
@@ -271,6 +284,7 @@ const (
 	outRefusedByStandby                // the standby refused to start the transaction
 	outRefusedAsStandby                // refused because it is a standby (an unlogged table …)
 	outStaleDescription                // pgx's cached description predates a schema change
+	outIdleEnded                       // the server had ended the connection for idleness: another one
 	outFault                           // failed before any row: a fault, a shutdown, a conflict
 	outNoReplica                       // no replica is usable, or on_timeout sent it to the primary at once
 	outcomes
@@ -298,7 +312,7 @@ func next(o outcome, retriedStale bool) step {
 	case outPositionLost, outBehindPrimary, outSettingsRefused, outSettingsPooled,
 		outReadOnly, outRefusedByStandby, outRefusedAsStandby, outNoReplica:
 		return stepPrimary
-	case outUnbounded:
+	case outUnbounded, outIdleEnded:
 		return stepSame
 	case outStaleDescription:
 		if !retriedStale {
@@ -343,6 +357,9 @@ var effects = [outcomes]effect{
 	outRefusedByStandby: {eventRefused, FallbackRefused, keepConn},
 	outRefusedAsStandby: {eventNone, FallbackRefused, keepConn},
 	outFault:            {eventGone, FallbackUnreachable, dropIfClosed},
+	// Not the node's fault: the connection had sat idle, behind a caller
+	// busy elsewhere (replicaRead.again drops it).
+	outIdleEnded: {eventNone, FallbackNone, dropIfClosed},
 }
 
 // try runs one attempt on b: the watermark made whole or the check armed as
@@ -424,6 +441,8 @@ func (r *replicaRead) checkFailed(b *backend, err error) (outcome, error) {
 		return r.lost(err)
 	case r.ctx.Err() != nil:
 		return outFailed, r.ctx.Err()
+	case r.endedIdle(b):
+		return outIdleEnded, nil
 	}
 	if cerr := r.cn.c.configError(b, err); cerr != nil {
 		return outFailed, cerr
@@ -465,6 +484,8 @@ func (r *replicaRead) behind(a *attempt) (outcome, error) {
 func (r *replicaRead) answer(a *attempt) outcome {
 	b := a.b
 	switch {
+	case (a.err != nil || a.unset) && r.ctx.Err() == nil && r.endedIdle(b):
+		return outIdleEnded
 	case a.unset:
 		return outSettingsRefused
 	case a.err == nil, r.ctx.Err() != nil:
@@ -483,6 +504,21 @@ func (r *replicaRead) answer(a *attempt) outcome {
 		return outFault
 	}
 	return outAnswer
+}
+
+// maxIdleEnded bounds how many connections one read takes in turn after
+// finding each ended by the server for idleness: a node's lent
+// connections may all have sat idle; a new one has not.
+const maxIdleEnded = 3
+
+// endedIdle reports that b's server ended its session for idleness
+// (idle_session_timeout): b sat idle while its Conn was busy elsewhere,
+// or in its node's pool, and the timer fired as the read went out, after
+// the look in front of it. A read may be sent again; the node is not at
+// fault.
+func (r *replicaRead) endedIdle(b *backend) bool {
+	ended, _ := b.endedIdle()
+	return ended && r.idleEnded < maxIdleEnded
 }
 
 // refusal is the outcome of a server error that says nothing ran and the
@@ -576,6 +612,13 @@ func (r *replicaRead) learn(b *backend, o outcome) {
 // could not be read.
 func (r *replicaRead) again(b *backend, o outcome) error {
 	r.tried &^= 1 << uint(b.node.index%64)
+	if o == outIdleEnded {
+		// Another connection to the same replica: nothing was lost with
+		// this one, the session's settings go with the read.
+		r.idleEnded++
+		r.cn.dropReplica(b)
+		return nil
+	}
 	if o != outUnbounded {
 		r.retriedStale = true
 		return nil

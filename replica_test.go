@@ -23,6 +23,7 @@ func TestNextStep(t *testing.T) {
 		outRefusedByStandby: stepPrimary,
 		outRefusedAsStandby: stepPrimary,
 		outStaleDescription: stepSame,
+		outIdleEnded:        stepSame,
 		outFault:            stepOther,
 		outNoReplica:        stepPrimary,
 	}

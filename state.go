@@ -477,6 +477,11 @@ func (cn *Conn) settledSettings(b *backend, inj *wire.Injection) (refused bool) 
 		return false // not sent, or the connection failed: the read did too
 	}
 	if err := inj.Err(); err != nil {
+		if ended, _ := b.endedIdle(); ended {
+			// The server ended the session for idleness as the read went
+			// out: no refusal (the read is sent again elsewhere).
+			return false
+		}
 		b.injectionFailed(stmtSettings, err)
 		cn.c.logAt(slog.LevelWarn, "pgryw: a replica did not take the connection's settings; its reads stay on the primary",
 			slog.String("replica", b.node.addr), slog.String("error", safeErr(err)))

@@ -229,6 +229,14 @@ func (cn *Conn) begin(ctx context.Context, opts driver.TxOptions, begin stmtOp) 
 		cn.primary.wire.Disarm()
 		cn.settleReset(ctx, reset)
 	}
+	if cn.endedUnrun(&primaryStmt{idleBefore: true}, err) {
+		// The server ended the session for idleness as BEGIN went out:
+		// it never ran (see runPrimary).
+		if err = cn.replacePrimary(ctx, true); err == nil {
+			op = begin
+			err = op.run(cn.primary)
+		}
+	}
 	cn.servedBegin(ctx, &p)
 	if err != nil {
 		cn.releaseFallback()

@@ -275,8 +275,20 @@ type Conn struct {
 	curStrip bool // the message is pgryw's: pgx does not see it
 	curKeep  bool // its body is kept for the injection's answer
 	curWatch bool // it is pgx's, and watched (an ErrorResponse or a ReadyForQuery)
+	curErr   bool // an ErrorResponse: its body is kept for its SQLSTATE
+	curIndex uint64
 	body     []byte
-	abuf     []byte
+
+	// answers counts the server's messages read that answer something
+	// (all but the asynchronous ones), pgx's and pgryw's; answersAtWrite
+	// is the count when pgx last wrote (but for its Terminate). idleEnd
+	// is 1 + the count before the ErrorResponse with which the server
+	// ended the session for idleness (SQLSTATE 57P05), 0 before one came:
+	// see EndedIdle.
+	answers        uint64
+	answersAtWrite uint64
+	idleEnd        uint64
+	abuf           []byte
 
 	// Watch's state: pgx's Syncs sent and ReadyForQuery messages passed
 	// since, and the first ErrorResponse passed.
@@ -372,11 +384,15 @@ var ErrFraming = errors.New("wire: unexpected frontend message framing")
 // Write implements net.Conn. pgx's Terminate goes out once nothing of
 // pgryw's is due on the connection (Drain), or DrainWait has passed.
 func (c *Conn) Write(b []byte) (int, error) {
-	if len(b) == 5 && b[0] == 'X' {
+	terminate := len(b) == 5 && b[0] == 'X'
+	if terminate {
 		c.Drain(time.Now().Add(DrainWait))
 	}
 	buf, lead := b, 0
 	c.mu.Lock()
+	if !terminate {
+		c.answersAtWrite = c.answers
+	}
 	if len(c.prefix) > 0 || len(c.suffix) > 0 || len(c.queue) > 0 {
 		buf, lead = c.splice(b)
 	}
@@ -728,6 +744,11 @@ func (c *Conn) filter(p []byte) int {
 				c.curStrip = ours && !isAsync(b) && !chainErr
 				c.curKeep = c.curStrip || chainErr
 				c.curWatch = c.watch && !c.curStrip && (b == 'E' || b == 'Z')
+				c.curErr = b == 'E'
+				c.curIndex = c.answers
+				if !isAsync(b) {
+					c.answers++
+				}
 				if !c.curStrip {
 					c.countPassed(b)
 				}
@@ -753,7 +774,7 @@ func (c *Conn) filter(p []byte) int {
 			continue
 		}
 		k := min(c.left, len(p)-i)
-		if c.curKeep || c.curWatch {
+		if c.curKeep || c.curWatch || c.curErr {
 			c.body = append(c.body, p[i:i+k]...)
 		}
 		if !c.curStrip {
@@ -778,7 +799,14 @@ func (c *Conn) wholeMessages(p []byte) int {
 		if l < 4 || l > uint64(len(p)-i-1) {
 			break // split across reads (or a length pgx will refuse)
 		}
-		c.countPassed(p[i])
+		t := p[i]
+		c.countPassed(t)
+		if !isAsync(t) {
+			if t == 'E' {
+				c.noteError(c.answers, p[i+5:i+1+int(l)])
+			}
+			c.answers++
+		}
 		i += 1 + int(l)
 	}
 	return i
@@ -798,6 +826,9 @@ func (c *Conn) countPassed(t byte) {
 func (c *Conn) endMessage() {
 	t := c.hdr[0]
 	c.hdrN = 0
+	if c.curErr {
+		c.noteError(c.curIndex, c.body)
+	}
 	if c.curWatch {
 		c.watched(t, c.body)
 	}
@@ -842,6 +873,57 @@ func (c *Conn) endMessage() {
 			c.popQueue()
 		}
 	}
+}
+
+// sqlstateIdleSession is idle_session_timeout's SQLSTATE: the server ended
+// the session because it sat idle, outside a transaction, waiting for the
+// client's next message.
+const sqlstateIdleSession = "57P05"
+
+// noteError takes in an ErrorResponse's body, the index-th answer read:
+// whether the server ended the session for idleness. Call it with c.mu
+// held.
+func (c *Conn) noteError(index uint64, body []byte) {
+	if c.idleEnd == 0 && hasCode(body, sqlstateIdleSession) {
+		c.idleEnd = index + 1
+	}
+}
+
+// hasCode reports whether an ErrorResponse's body has SQLSTATE code. It
+// allocates nothing: it runs on every error a connection reads.
+func hasCode(body []byte, code string) bool {
+	for i := 0; i < len(body) && body[i] != 0; {
+		t := body[i]
+		i++
+		j := i
+		for j < len(body) && body[j] != 0 {
+			j++
+		}
+		if t == 'C' {
+			return string(body[i:j]) == code
+		}
+		i = j + 1
+	}
+	return false
+}
+
+// EndedIdle reports that the server ended the session because it sat idle
+// (idle_session_timeout, SQLSTATE 57P05), and unrun that its error came
+// before any answer to pgx's last write (but for a Terminate): nothing
+// pgx has sent since the answers before it ran.
+//
+// PostgreSQL raises that error only while it waits for the client's next
+// message, idle outside any transaction, or as it has just read one, at
+// its first check for interrupts, before anything of it ran or was
+// answered: every message sent before the server's last ReadyForQuery was
+// answered, and everything after went unread or unrun. So a statement pgx
+// sent (in one write, or in several whose first ones only prepare it)
+// whose answer begins with that error, or that was sent once the error
+// was in, never ran: it may be sent again, on another connection.
+func (c *Conn) EndedIdle() (ended, unrun bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.idleEnd != 0, c.idleEnd != 0 && c.idleEnd-1 <= c.answersAtWrite
 }
 
 // Record starts noting the statements pgx sends: the SQL of its Query and
