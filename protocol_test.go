@@ -81,6 +81,12 @@ type protoWriter struct {
 	failFast bool
 	cutFast  bool // hang up at a FunctionCall, unanswered
 	fastpath int  // FunctionCalls received
+	// idleBefore, idleAfter: the server's idle_session_timeout ends the
+	// session as the next INSERT arrives to be executed, before it runs
+	// (its FATAL the first answer), or after it ran and was answered;
+	// idleEnded counts the sessions so ended.
+	idleBefore, idleAfter bool
+	idleEnded             int
 }
 
 // fnOID is protoCapture's fourth column: fastFn, or NULL.
@@ -114,6 +120,17 @@ func (w *protoWriter) handle(c *pgfake.Conn, b pgfake.Batch) []pgproto3.BackendM
 		w.inserts++
 		c.Hangup()
 		return nil
+	}
+	if (w.idleBefore || w.idleAfter) && executes(c, b, protoInsert) {
+		w.idleEnded++
+		c.Hangup()
+		if w.idleBefore {
+			w.idleBefore = false
+			return []pgproto3.BackendMessage{idleFatal}
+		}
+		w.idleAfter = false
+		w.inserts++
+		return []pgproto3.BackendMessage{&pgproto3.BindComplete{}, &pgproto3.CommandComplete{CommandTag: []byte("INSERT 0 1")}, idleFatal}
 	}
 	if executes(c, b, protoReadWriter) {
 		w.reads = append(w.reads, c.ID())
