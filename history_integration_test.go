@@ -128,7 +128,27 @@ type histPool struct {
 	db    *sql.DB
 	c     *pgryw.Connector
 	pgx   *pgryw.Pool // pgx's front end on the same DSN: the sessions in odd slots use it
+	// idle: the servers' idle_session_timeout for this pool's
+	// connections (its DSN's), 0 when none; its sessions' read-span ops
+	// read for longer than it (see histIdleTimeouts).
+	idle time.Duration
 }
+
+// histIdleTimeouts: one pool, by the seed, has the servers end its
+// sessions after one of these of idleness (idle_session_timeout in its
+// DSN, which reaches every node): its sessions' read-span ops read on
+// replicas for longer than that, leaving their primary connection idle,
+// and the write after finds it ended unless pgryw kept or replaced it. A
+// 57P05 the caller sees is a violation (see check). Both are longer than
+// pgryw's idleLook (100 ms) plus the longest stall the faults inject
+// (205 ms): a connection used within idleLook, then stalled on the way to
+// the server, is ended by a shorter one for the network's idleness, not
+// the caller's. histIdleSpans bounds the spans per session, each about
+// the timeout long: the run's ops are shared, so they cost its length
+// little.
+var histIdleTimeouts = []time.Duration{500 * time.Millisecond, 800 * time.Millisecond}
+
+const histIdleSpans = 3
 
 type histRun struct {
 	// pgx: the sessions in odd slots, and their pools' ops, run through
@@ -290,6 +310,12 @@ func TestHistory(t *testing.T) {
 			extra += "&capture=on_read"
 			t.Logf("history: pool %s with capture=on_read", scope)
 		}
+		var idle time.Duration
+		if ((h.seed/3+int64(i))%3+3)%3 == 0 {
+			idle = histIdleTimeouts[((h.seed/9)%2+2)%2]
+			extra += fmt.Sprintf("&idle_session_timeout=%dms", idle.Milliseconds())
+			t.Logf("history: pool %s with idle_session_timeout=%v", scope, idle)
+		}
 		if x := os.Getenv("PGRYW_HISTORY_DSN"); x != "" {
 			extra += "&" + x // e.g. read_your_writes=off, to see the checker fail
 		}
@@ -304,7 +330,7 @@ func TestHistory(t *testing.T) {
 		}
 		pgryw.SetNetHook(c, h.nw.Wrap)
 		db.SetMaxIdleConns(histSessions * 2)
-		hp := &histPool{idx: i, scope: scope, db: db, c: c}
+		hp := &histPool{idx: i, scope: scope, db: db, c: c, idle: idle}
 		if h.pgx {
 			hp.pgx = openHistPool(t, h, scope, extra)
 		}
@@ -546,6 +572,7 @@ type histSession struct {
 	ops   []*histOp
 	// readNext: the previous op wrote; bias the next one to a read.
 	readNext bool
+	spans    int // read-span ops run (histIdleSpans)
 }
 
 func (s *histSession) run() {
@@ -685,6 +712,9 @@ var histKinds = []struct {
 	// one): two reads in one batch, and a write in one.
 	{"read-batch", 4, true},
 	{"w-batch", 3, false},
+	// Reads alone for longer than the pool's idle_session_timeout (a
+	// read-one elsewhere): the session's primary connection sits idle.
+	{"read-span", 2, true},
 }
 
 func (s *histSession) pickKind() string {
@@ -725,6 +755,8 @@ func (s *histSession) step() {
 		s.readAll(ctx, op, s.conn, op.start, false)
 	case "read-one":
 		s.readOne(ctx, op, s.conn, s.rng.IntN(histKeys), op.start, false)
+	case "read-span":
+		s.readSpan(ctx, op)
 	case "read-tx":
 		s.readTx(ctx, op)
 	case "w-exec", "w-returning", "w-prepared":
@@ -851,6 +883,30 @@ func (s *histSession) readOne(ctx context.Context, op *histOp, q histQ, k int, t
 	r.vals[k] = v
 	op.reads = append(op.reads, r)
 	return true
+}
+
+// readSpan reads one key at a time, every 100 ms, for longer than the
+// pool's idle_session_timeout: pgx on the primary would use its one
+// connection all along; pgryw's reads go to replicas and leave the
+// session's primary connection idle. Without a timeout, or once the
+// session has had its spans, it is one read-one.
+func (s *histSession) readSpan(ctx context.Context, op *histOp) {
+	idle := s.pool.idle
+	if idle == 0 || s.spans >= histIdleSpans {
+		s.readOne(ctx, op, s.conn, s.rng.IntN(histKeys), op.start, false)
+		return
+	}
+	s.spans++
+	op.detail = fmt.Sprintf("reads for %v", idle+200*time.Millisecond)
+	for start := time.Now(); ; {
+		if !s.readOne(ctx, op, s.conn, s.rng.IntN(histKeys), s.h.now(), false) {
+			return
+		}
+		if time.Since(start) >= idle+200*time.Millisecond {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // readBatch reads two keys: through pgx's front end in one batch (one
@@ -1466,6 +1522,13 @@ func (h *histRun) check(all []*histOp, tr *histTruth) {
 		}
 		if op.swallow {
 			v.add("errors", "a string ending in SELECT 1/0 returned no error: %s", h.describe(op))
+		}
+		var pe *pgconn.PgError
+		if errors.As(op.err, &pe) && pe.Code == "57P05" && len(op.faults) == 0 {
+			// The session used its connection all along (a read-span's
+			// reads on replicas): pgx's one connection would not have
+			// been idle (docs/guarantees.md#idle-sessions).
+			v.add("idle timeout surfaced", "%s%s", h.describe(op), h.before(all, op, 2))
 		}
 		if op.readErr != nil {
 			v.add("read failed instead of falling back", "%s%s", h.describe(op), h.before(all, op, 4))
