@@ -61,7 +61,20 @@ const (
 	tpSteps        = 36
 	tpStepTimeout  = 5 * time.Second
 	tpLiveness     = 100 * time.Millisecond
-	tpChannel      = "tch"
+	// tpIdleTimeout is the servers' idle_session_timeout in the programs
+	// that have one (in their DSN, for pgx and pgryw alike), and
+	// tpIdleSpan how long a span step reads, every tpIdleStep on each
+	// session in turn: longer than the timeout, so that pgryw's primary
+	// connections sit idle behind sessions in use (the reads go to
+	// replicas), where pgx's one connection per session is used every
+	// 3 × tpIdleStep. And longer than a second, after which pgx's stdlib
+	// pings a pool's connection before handing it out again (pgryw looks
+	// at its socket): the pool's idle connections are replaced on either
+	// side.
+	tpIdleTimeout = 800 * time.Millisecond
+	tpIdleSpan    = 1200 * time.Millisecond
+	tpIdleStep    = 100 * time.Millisecond
+	tpChannel     = "tch"
 )
 
 // A step of a program.
@@ -144,6 +157,8 @@ func (s tpStep) String() string {
 		return fmt.Sprintf("%s.SendBatch(%s)", who, strings.Join(qs, "; "))
 	case "copy":
 		return fmt.Sprintf("%s.CopyFrom(t, %v)", who, s.rows)
+	case "span":
+		return fmt.Sprintf("every session reads for %v", tpIdleSpan)
 	}
 	return fmt.Sprintf("%s.%s(%q, %v)", who, s.op, s.sql, s.args)
 }
@@ -460,11 +475,14 @@ func tpCheck(t *testing.T, native bool, progsEnv string, def int) {
 		deadline, progs = time.Now().Add(d), 1<<30
 	}
 	rng := rand.New(rand.NewPCG(uint64(seed), 7))
-	steps := 0
+	steps, idle := 0, 0
 	for p := 0; p < progs && (deadline.IsZero() || time.Now().Before(deadline)); p++ {
 		pseed := rng.Int64()
 		prog, extra := tpGenerate(rand.New(rand.NewPCG(uint64(pseed), 1)), native)
 		steps += len(prog)
+		if strings.HasPrefix(extra, "idle_session_timeout=") {
+			idle++
+		}
 		if i, pgx, ryw := r.compare(prog, extra, pseed); i >= 0 {
 			min := r.minimize(prog, extra, pseed)
 			var b strings.Builder
@@ -490,7 +508,7 @@ func tpCheck(t *testing.T, native bool, progsEnv string, def int) {
 	for k := faultnet.CutWrite; k <= faultnet.StallAfterReady; k++ {
 		fired = append(fired, fmt.Sprintf("%s %d", k, r.nw.Fired(k)))
 	}
-	t.Logf("transparency: %d steps, no difference; faults %v (fired: %s; replicas stopped %d; repoints %d)", steps, r.faults, strings.Join(fired, ", "), tpKillsTotal.Load(), tpRepoints.Load())
+	t.Logf("transparency: %d steps, no difference (%d programs under idle_session_timeout); faults %v (fired: %s; replicas stopped %d; repoints %d)", steps, idle, r.faults, strings.Join(fired, ", "), tpKillsTotal.Load(), tpRepoints.Load())
 }
 
 // setup creates the two databases and the role.
@@ -792,6 +810,8 @@ func (s *tpSide) run(st tpStep) tpResult {
 			res.err = errText(stmt.Close())
 			delete(s.stmts, st.stmt)
 		}
+	case "span":
+		res.err = s.span(ctx)
 	}
 	res.took = time.Since(start)
 	s.observe(&res)
@@ -809,6 +829,22 @@ func (s *tpSide) servedCtx(st tpStep, res *tpResult) context.Context {
 	return pgryw.WithServedBy(ctx, func(_ context.Context, sb pgryw.ServedBy) {
 		res.served += fmt.Sprintf("[%s %s %s wait %v checked %v]", sb.Role, sb.Route, sb.Fallback, sb.Wait.Round(time.Millisecond), sb.Checked)
 	})
+}
+
+// span reads on each session in turn, every tpIdleStep, for tpIdleSpan
+// (no session has a transaction open: see tpGen.span), and returns the
+// first error's text. The rows are not compared: which of the other
+// sessions' writes a replica read shows is not the point.
+func (s *tpSide) span(ctx context.Context) string {
+	for i, start := 0, time.Now(); time.Since(start) < tpIdleSpan; i++ {
+		rows, err := s.conns[i%tpSessions].QueryContext(ctx, "SELECT count(*) FROM t")
+		if err != nil {
+			return errText(err)
+		}
+		rows.Close()
+		time.Sleep(tpIdleStep)
+	}
+	return ""
 }
 
 // beforeExec does an Exec step's bookkeeping, before it runs: a block it
@@ -1278,13 +1314,24 @@ type tpGen struct {
 	roTx   [tpSessions]bool
 	block  [tpSessions]bool // an Exec'd BEGIN is open
 	nstmts int
+	// idle: the program runs under idle_session_timeout (tpIdleTimeout)
+	// and has span steps; spans counts them.
+	idle  bool
+	spans int
 }
 
 // tpGenerate draws a program and its DSN run-time parameters.
 func tpGenerate(rng *rand.Rand, native bool) ([]tpStep, string) {
 	g := &tpGen{rng: rng, native: native}
+	// One database/sql program in ten runs under a server idle timeout,
+	// with sessions reading alone for longer than it (one span: each
+	// costs the run tpIdleSpan).
+	g.idle = !native && rng.IntN(10) == 0
 	for len(g.prog) < tpSteps {
 		g.step()
+	}
+	if g.idle && g.spans == 0 {
+		g.span()
 	}
 	// End what is open, so the final contents say what committed.
 	for s := 0; s < tpSessions; s++ {
@@ -1303,7 +1350,27 @@ func tpGenerate(rng *rand.Rand, native bool) ([]tpStep, string) {
 		{"idle_in_transaction_session_timeout=60000", "lock_timeout=2000"},
 		{"default_transaction_isolation=repeatable%20read"},
 	}
+	if g.idle {
+		return g.prog, fmt.Sprintf("idle_session_timeout=%d", tpIdleTimeout.Milliseconds())
+	}
 	return g.prog, strings.Join(params[rng.IntN(len(params))], "&")
+}
+
+// span adds, when no session has a transaction open, a span step and
+// then a write on each session: each finds its primary connection idle
+// for longer than the servers' timeout (pgryw's; pgx's was used
+// throughout).
+func (g *tpGen) span() {
+	for s := 0; s < tpSessions; s++ {
+		if g.inTx[s] || g.block[s] {
+			return
+		}
+	}
+	g.spans++
+	g.add(tpStep{sess: -1, op: "span"})
+	for s := 0; s < tpSessions; s++ {
+		g.write(s)
+	}
 }
 
 func (g *tpGen) add(s tpStep) { g.prog = append(g.prog, s) }
@@ -1358,6 +1425,10 @@ var tpReads = []string{
 func (g *tpGen) step() {
 	s := g.rng.IntN(tpSessions)
 	x := g.rng.IntN(100)
+	if g.idle && g.spans == 0 && g.rng.IntN(10) == 0 {
+		g.span()
+		return
+	}
 	switch {
 	case x < 9: // the pool: stateless statements only
 		if g.rng.IntN(2) == 0 {
@@ -1368,7 +1439,14 @@ func (g *tpGen) step() {
 	case x < 22:
 		g.write(s)
 	case x < 45:
-		g.add(tpStep{sess: s, op: "query", sql: tpReads[g.rng.IntN(len(tpReads))], deadline: g.deadline()})
+		q := tpReads[g.rng.IntN(len(tpReads))]
+		if g.idle && q == "SELECT currval('s')" {
+			// A primary connection the server ended for idleness is
+			// replaced with the session's settings, not its sequences'
+			// currval (docs/guarantees.md#idle-sessions).
+			q = "SELECT last_value, is_called FROM s"
+		}
+		g.add(tpStep{sess: s, op: "query", sql: q, deadline: g.deadline()})
 	case x < 55:
 		g.session(s)
 	case x < 68:
