@@ -403,7 +403,21 @@ func (r *pgxRow) Scan(dest ...any) error {
 		}
 		return pgx.ErrNoRows
 	}
+	// A panic in the caller's own Scanner leaves the rows open. A row of
+	// the pool's own QueryRow is closed on the way out, which gives its
+	// connection back, as pgxpool's row releases its connection, and the
+	// panic goes on to the caller. A row of a held connection's, or a
+	// transaction's, stays open, as pgx's does.
+	done := false
+	if pr, ok := rows.(*pgxRows); ok && pr.release != nil {
+		defer func() {
+			if !done {
+				rows.Close()
+			}
+		}()
+	}
 	rows.Scan(dest...)
+	done = true
 	rows.Close()
 	return rows.Err()
 }

@@ -12,6 +12,7 @@ package pgryw_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -43,6 +44,7 @@ type tpPgxConn interface {
 type tpPgxQuerier interface {
 	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
 	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
 	CopyFrom(context.Context, pgx.Identifier, []string, pgx.CopyFromSource) (int64, error)
 }
@@ -259,6 +261,18 @@ func (s *tpSide) runNative(st tpStep) tpResult {
 			break
 		}
 		res.err = errText(s.pconns[max(st.sess, 0)].Conn().Deallocate(ctx, tpStmtName(st.stmt)))
+	case "panicrow":
+		// The caller's own Scanner panics inside QueryRow's Scan: the
+		// pool's connection must go back all the same (a pool of
+		// tpSessions+1 with the sessions' held has one to spare).
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					res.err = fmt.Sprint("panic: ", p)
+				}
+			}()
+			res.err = errText(q.QueryRow(ctx, st.sql, st.args...).Scan(tpPanicScanner{}))
+		}()
 	case "batch":
 		b := &pgx.Batch{}
 		parts := make([]tpResult, len(st.batch))
@@ -329,7 +343,17 @@ func (r *tpResult) readPgxRows(rows pgx.Rows, err error) {
 }
 
 // nativeStep draws a batch or a COPY.
+// tpPanicScanner panics when a value is scanned into it: the caller's own
+// code failing while it reads a row.
+type tpPanicScanner struct{}
+
+func (tpPanicScanner) Scan(any) error { panic("the caller's Scanner panics") }
+
 func (g *tpGen) nativeStep(s int) {
+	if g.rng.IntN(8) == 0 {
+		g.add(tpStep{sess: -1, op: "panicrow", sql: "SELECT id FROM t UNION ALL SELECT 0 ORDER BY 1 LIMIT 1"})
+		return
+	}
 	if g.rng.IntN(3) == 0 {
 		var rows [][]any
 		for range 1 + g.rng.IntN(2) {
