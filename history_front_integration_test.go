@@ -9,7 +9,6 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -93,13 +92,10 @@ func (s *histSession) poolQ() histQ {
 	return sqlHQ{s.pool.db}
 }
 
-// openHistPool opens pgx's front end on pool scope's DSN.
-func openHistPool(t *testing.T, h *histRun, scope, extra string) *pgryw.Pool {
-	replicas := strings.Join(cluster.ReplicaAddrs(), ",")
-	if scope == "conn1" {
-		replicas = cluster.ReplicaAddrs()[0]
-	}
-	pc, err := pgryw.ParsePoolConfig(cluster.WriterDSN() + "&replicas=" + replicas + "&pool_max_conns=16&" + extra)
+// openHistPool opens pgx's front end on a pool's DSN (the same replica
+// addresses, pooler mode and keys as its database/sql side).
+func openHistPool(t *testing.T, h *histRun, dsn string) *pgryw.Pool {
+	pc, err := pgryw.ParsePoolConfig(dsn + "&pool_max_conns=16")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +104,7 @@ func openHistPool(t *testing.T, h *histRun, scope, extra string) *pgryw.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pgryw.SetNetHook(p.Connector(), h.nw.Wrap)
+	pgryw.SetNetHook(p.Connector(), h.wrap)
 	t.Cleanup(p.Close)
 	return p
 }

@@ -4,12 +4,15 @@ package pgryw_test
 // guarantees, in the spirit of Jepsen's Elle: concurrent sessions run a
 // seeded mix of reads and writes of many shapes against the real primary and
 // replicas while a fault goroutine pauses replay, stops replicas, adds apply
-// delay and cuts, resets and stalls connections (internal/faultnet under
-// pgryw's wire layer). Every op is recorded; at the end the primary's rows,
+// delay, repoints a replica's address at the other standby while the
+// connections it had live on, and cuts, resets and stalls connections
+// (internal/faultnet under pgryw's wire layer); some reads run with a
+// deadline shorter than wait_timeout. Every op is recorded; at the end the primary's rows,
 // with their commit timestamps, are the ground truth the history is checked
 // against: no duplicated effects, outcomes that match, read-your-writes,
-// monotonic reads per connection, plausible values, and DDL that does not
-// break the reads after it.
+// monotonic reads per connection, plausible values, DDL that does not
+// break the reads after it, and reads that fall back rather than fail when
+// the caller's deadline is shorter than the wait.
 //
 //	go test -run TestHistory -args -seed=N   # replay a schedule
 //	PGRYW_HISTORY_OPS=20000 / PGRYW_HISTORY_DURATION=10m   # bigger runs (make check-long)
@@ -18,8 +21,10 @@ package pgryw_test
 //	PGRYW_HISTORY_REPORTS=-1        # print every violation (default: 12 per property, all counted)
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"flag"
 	"fmt"
@@ -27,6 +32,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -61,6 +67,21 @@ const (
 	histMaxReports = 12               // violations printed per property
 	histSideCols   = 1000             // ADD COLUMN up to this many, then ALTER COLUMN TYPE
 	histHangDump   = 10 * time.Second // an op running this long gets the goroutines dumped
+	// histWaitTimeout is every pool's wait_timeout. Some autocommit reads
+	// run with a deadline of histShortMin..histShortMax, well below it:
+	// with on_timeout=primary such a read must still be answered (by the
+	// primary when the replicas are behind), as pgx on the primary would
+	// answer it in a millisecond or two. histShortMin keeps the fallback's
+	// share of the deadline (at least a fifth of it, plan.go's reserve)
+	// far above a primary read on a loaded two-core machine under -race.
+	histWaitTimeout = 2 * time.Second
+	histShortMin    = 100 * time.Millisecond
+	histShortMax    = 600 * time.Millisecond
+	histShortPct    = 15 // of the autocommit reads that get no other deadline
+	// histRestart: a replica stopped is taken to disturb reads until
+	// this long after it was started again (a short-deadline read that
+	// failed meanwhile is not judged).
+	histRestart = time.Second
 )
 
 type histOutcome uint8
@@ -114,7 +135,22 @@ type histOp struct {
 	incompl  string // a whole-table read missed rows
 	note     string // counted, not a violation
 	faults   []string
-	checkVal bool // the conn must be checked (and dropped if broken) after the op
+	checkVal bool     // the conn must be checked (and dropped if broken) after the op
+	armed    bool     // maybeFault armed a fault for this op
+	met      bool     // a fault fired in one of the op's reads or writes (listed in faults)
+	dialed   []string // the connections the op dialed, by node
+	// dialedPrimary: one of them was to the primary.
+	dialedPrimary bool
+	// failServed is what pgryw reported of a read that then failed (zero:
+	// nothing, it failed before choosing where to run).
+	failServed pgryw.ServedBy
+	// short is the op's deadline when it is below wait_timeout
+	// (histShortMin..histShortMax), 0 otherwise; shortErr, the error of
+	// an autocommit read under it that ended by the deadline (context
+	// deadline exceeded, driver.ErrBadConn): with on_timeout=primary a
+	// violation unless a fault may explain it (see check).
+	short    time.Duration
+	shortErr error
 }
 
 type histEvent struct {
@@ -123,11 +159,12 @@ type histEvent struct {
 }
 
 type histPool struct {
-	idx   int
-	scope string
-	db    *sql.DB
-	c     *pgryw.Connector
-	pgx   *pgryw.Pool // pgx's front end on the same DSN: the sessions in odd slots use it
+	idx    int
+	scope  string
+	pooler string // the pooler DSN key, "" under PGRYW_PGBOUNCER
+	db     *sql.DB
+	c      *pgryw.Connector
+	pgx    *pgryw.Pool // pgx's front end on the same DSN: the sessions in odd slots use it
 	// idle: the servers' idle_session_timeout for this pool's
 	// connections (its DSN's), 0 when none; its sessions' read-span ops
 	// read for longer than it (see histIdleTimeouts).
@@ -157,15 +194,23 @@ type histRun struct {
 	// database/sql.
 	pgx      bool
 	repoints atomic.Int64 // bouncer repoints (PGRYW_PGBOUNCER)
-	t        *testing.T
-	seed     int64
-	t0       int64
-	kv, ops  string
-	side     string
-	pools    []*histPool
-	nw       *faultnet.Network
-	ports    map[int]string
-	replicas []uint16
+	// addrs are the replica addresses the pools are given: a
+	// pgtest.SwitchProxy's in front of each of cluster.ReplicaAddrs()
+	// (proxies), which faultLoop repoints at the other standby now and
+	// then, or, under PGRYW_PGBOUNCER, the bouncers' (no proxies: the
+	// bouncers are repointed instead).
+	addrs        []string
+	proxies      []*pgtest.SwitchProxy
+	proxyRepoint atomic.Int64
+	t            *testing.T
+	seed         int64
+	t0           int64
+	kv, ops      string
+	side         string
+	pools        []*histPool
+	nw           *faultnet.Network
+	ports        map[int]string
+	replicas     []uint16
 
 	nextID   atomic.Int64
 	nextSess atomic.Int64
@@ -184,6 +229,13 @@ type histRun struct {
 
 	evMu   sync.Mutex
 	events []histEvent
+	// unquiet are the spans (unix µs) in which a replica was stopped, up
+	// to histRestart after it was started again: a short-deadline read
+	// that failed within one is not judged.
+	unquiet [][2]int64
+	// bySession: the sessions by goroutine id, for OnFire to tell whose
+	// op a fault fired in (histSession.fired).
+	bySession sync.Map
 
 	notes map[string]int // counted, logged, not failed
 }
@@ -198,6 +250,39 @@ func (h *histRun) event(format string, args ...any) {
 	h.evMu.Lock()
 	h.events = append(h.events, histEvent{h.now(), fmt.Sprintf(format, args...)})
 	h.evMu.Unlock()
+}
+
+// disturbed marks from..to (unix µs) as a span in which reads may be held
+// up by a replica's restart.
+func (h *histRun) disturbed(from, to int64) {
+	h.evMu.Lock()
+	h.unquiet = append(h.unquiet, [2]int64{from, to})
+	h.evMu.Unlock()
+}
+
+// quiet reports whether no replica was stopped or restarting between from
+// and to (unix µs).
+func (h *histRun) quiet(from, to int64) bool {
+	h.evMu.Lock()
+	defer h.evMu.Unlock()
+	for _, u := range h.unquiet {
+		if u[0] <= to && u[1] >= from {
+			return false
+		}
+	}
+	return true
+}
+
+// wrap is the pools' net hook: faultnet's, and a note in the op of the
+// session whose goroutine dialed (a connection's setup is in its time).
+func (h *histRun) wrap(port uint16, nc net.Conn) net.Conn {
+	if s, ok := h.bySession.Load(goid()); ok {
+		if op := s.(*histSession).cur; op != nil {
+			op.dialed = append(op.dialed, h.node(int(port)))
+			op.dialedPrimary = op.dialedPrimary || !slices.Contains(h.replicas, port)
+		}
+	}
+	return h.nw.Wrap(port, nc)
 }
 
 func (h *histRun) hold(c *faultnet.Conn, on bool) {
@@ -283,17 +368,43 @@ func TestHistory(t *testing.T) {
 	}
 	h.left.Store(opsN)
 	h.ports = map[int]string{cluster.Writer.Port: "primary"}
+	h.addrs = cluster.ReplicaAddrs()
+	if cluster.Bouncers() == nil {
+		// A SwitchProxy in front of each replica address, so that
+		// faultLoop can make the address pgryw knows as replica i lead to
+		// replica j for new connections while the ones it had live on.
+		h.addrs = nil
+		for _, a := range cluster.ReplicaAddrs() {
+			p, err := pgtest.StartSwitchProxy(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			h.proxies = append(h.proxies, p)
+			h.addrs = append(h.addrs, p.Addr())
+		}
+	}
 	for i, r := range cluster.Replicas {
 		h.ports[r.Port] = fmt.Sprintf("replica%d", i)
-		// The port pgryw dials (the WAIT FOR emulation's proxy, when on),
-		// which faultnet knows connections by.
-		_, dial, _ := strings.Cut(cluster.ReplicaAddrs()[i], ":")
-		p, _ := strconv.Atoi(dial)
-		h.ports[p] = fmt.Sprintf("replica%d", i)
+		// The port pgryw dials (the switch proxy's, or the WAIT FOR
+		// emulation's proxy, or the bouncer's), which faultnet knows
+		// connections by. A switch proxy's is named for the address: it
+		// leads to another standby while repointed.
+		h.ports[addrPort(cluster.ReplicaAddrs()[i])] = fmt.Sprintf("replica%d", i)
+		p := addrPort(h.addrs[i])
+		if h.proxies != nil {
+			h.ports[p] = fmt.Sprintf("replica%d-addr", i)
+		}
 		h.replicas = append(h.replicas, uint16(p))
 	}
 	h.nw.OnFire = func(c *faultnet.Conn, k faultnet.Kind) {
-		h.event("fired %s on %s conn %s", k, h.ports[int(c.Port())], c.LocalAddr())
+		what := fmt.Sprintf("fired %s on %s conn %s", k, h.ports[int(c.Port())], c.LocalAddr())
+		h.event("%s", what)
+		// A fault fires in the read or write that meets it, on the
+		// goroutine that makes it: a session's, when its op ran into it.
+		if s, ok := h.bySession.Load(goid()); ok {
+			s.(*histSession).fired(what)
+		}
 	}
 	h.setup()
 	t.Cleanup(h.heal)
@@ -304,8 +415,16 @@ func TestHistory(t *testing.T) {
 	// One of them, by the seed, reads no position behind its writes
 	// (capture=on_read): every read after a write covers it with a fresh
 	// capture, the path a run of writes takes with capture=auto.
+	// Each pool's pooler mode comes from the seed too: what a read learns
+	// of a replica's replay is bound to the server instance a connection
+	// reached, which each mode learns its own way (pooler=none with a
+	// round trip of its own at connect). Every run has none, on a pool
+	// that changes with the seed, and two of the other three.
+	u := uint64(h.seed)
+	poolers := []string{"auto", "session", "transaction"}
+	poolers = append([]string{"none"}, slices.Delete(poolers, int(u%3), int(u%3)+1)...)
 	for i, scope := range []string{"conn", "db", "conn1"} {
-		extra := "wait_timeout=2s&session_scope=" + strings.TrimSuffix(scope, "1")
+		extra := fmt.Sprintf("wait_timeout=%v&session_scope=%s", histWaitTimeout, strings.TrimSuffix(scope, "1"))
 		if (h.seed+int64(i))%3 == 0 {
 			extra += "&capture=on_read"
 			t.Logf("history: pool %s with capture=on_read", scope)
@@ -316,23 +435,27 @@ func TestHistory(t *testing.T) {
 			extra += fmt.Sprintf("&idle_session_timeout=%dms", idle.Milliseconds())
 			t.Logf("history: pool %s with idle_session_timeout=%v", scope, idle)
 		}
-		if x := os.Getenv("PGRYW_HISTORY_DSN"); x != "" {
+		x := os.Getenv("PGRYW_HISTORY_DSN")
+		var pooler string
+		if cluster.Bouncers() == nil && !strings.Contains(x, "pooler=") {
+			pooler = poolers[(int(u/3%3)+i)%len(poolers)]
+			extra += "&pooler=" + pooler
+			t.Logf("history: pool %s with pooler=%s", scope, pooler)
+		}
+		if x != "" {
 			extra += "&" + x // e.g. read_your_writes=off, to see the checker fail
 		}
-		var (
-			db *sql.DB
-			c  *pgryw.Connector
-		)
+		replicas := strings.Join(h.addrs, ",")
 		if scope == "conn1" {
-			db, c = openDSN(t, cluster.WriterDSN()+"&replicas="+cluster.ReplicaAddrs()[0]+"&"+extra)
-		} else {
-			db, c = openDB(t, extra)
+			replicas = h.addrs[0]
 		}
-		pgryw.SetNetHook(c, h.nw.Wrap)
+		dsn := cluster.WriterDSN() + "&replicas=" + replicas + "&" + extra
+		db, c := openDSN(t, dsn)
+		pgryw.SetNetHook(c, h.wrap)
 		db.SetMaxIdleConns(histSessions * 2)
-		hp := &histPool{idx: i, scope: scope, db: db, c: c, idle: idle}
+		hp := &histPool{idx: i, scope: scope, pooler: pooler, db: db, c: c, idle: idle}
 		if h.pgx {
-			hp.pgx = openHistPool(t, h, scope, extra)
+			hp.pgx = openHistPool(t, h, dsn)
 		}
 		h.pools = append(h.pools, hp)
 	}
@@ -375,6 +498,13 @@ func TestHistory(t *testing.T) {
 	truth := h.groundTruth()
 	h.summary(all, elapsed)
 	h.check(all, truth)
+}
+
+// addrPort returns the port of a "host:port".
+func addrPort(addr string) int {
+	_, port, _ := strings.Cut(addr, ":")
+	p, _ := strconv.Atoi(port)
+	return p
 }
 
 // setup creates the run's tables on the primary and waits for the replicas.
@@ -478,21 +608,33 @@ func (h *histRun) faultLoop(rng *rand.Rand, stop <-chan struct{}) {
 			h.event("repointed replica%d's bouncer back", i)
 			continue
 		}
-		switch x := rng.IntN(100); {
-		case x < 18:
-			d := dur(200, 1500)
+		// pause pauses replay on replica i for d; with repoint, the other
+		// replica's address leads to it meanwhile: behind what the other
+		// replica, which that address's old connections reach, is seen
+		// to have replayed.
+		pause := func(i int, d time.Duration, repoint bool) {
 			h.event("pause replay on replica%d for %v", i, d)
 			if err := cluster.PauseReplay(ctx, i); err != nil {
 				h.event("pause replica%d: %v", i, err)
 			}
+			back := func() {}
+			if repoint {
+				back = h.repointAddr(rng, (i+1)%len(h.proxies), i, d, " (paused)")
+			}
 			sleep(d)
+			back()
 			if err := cluster.ResumeReplay(ctx, i); err != nil {
 				h.event("resume replica%d: %v", i, err)
 			}
 			h.event("resumed replay on replica%d", i)
+		}
+		switch x := rng.IntN(100); {
+		case x < 18:
+			pause(i, dur(200, 1500), len(h.proxies) > 1 && rng.IntN(3) < histPauseRepoint)
 		case x < 26:
 			d := dur(200, 1000)
 			h.event("stop replica%d for %v", i, d)
+			stopped := h.now()
 			if err := cluster.StopNode(i); err != nil {
 				h.event("stop replica%d: %v", i, err)
 			}
@@ -501,6 +643,7 @@ func (h *histRun) faultLoop(rng *rand.Rand, stop <-chan struct{}) {
 				h.event("start replica%d: %v", i, err)
 			}
 			h.event("started replica%d", i)
+			h.disturbed(stopped, h.now()+histRestart.Microseconds())
 		case x < 40:
 			var d time.Duration
 			if rng.IntN(5) >= 2 {
@@ -534,6 +677,49 @@ func (h *histRun) faultLoop(rng *rand.Rand, stop <-chan struct{}) {
 			c.Arm(f)
 			h.event("armed %s on %s conn %s", faultString(f), h.ports[int(c.Port())], c.LocalAddr())
 		}
+	}
+}
+
+// histPauseRepoint: during this many in three of faultLoop's pauses of
+// replay, the other replica's address is repointed at the paused one (the
+// paused replica's own address still sees a plain pause), so that a read
+// on a new connection there that skips its check misses the session's
+// writes. A default run has some fifteen to twenty actions, three or four
+// of them pauses, and one such repoint found class 2's defect (a read on a
+// connection to the other standby spared its check) about half the time
+// in a run's pool with pooler=none: with two in three, half the runs of
+// the broken build passed. Riding on the pauses keeps the run time near
+// where it was; repoints with 200-1500 ms pauses of their own, at 30% of
+// the actions, made reads wait for replay and runs up to twice as long,
+// and at 10% with 200-600 ms pauses, some 60% longer.
+const histPauseRepoint = 3
+
+// repointAddr makes the address pgryw knows as replica i lead to replica j
+// (a DNS name moved, a balancer's target changed) while the connections it
+// had live on, until the returned func leads it back: what pgryw learned
+// of the node's replay through an old connection (to replica i) says
+// nothing of a new one (to replica j), which must check. About half the
+// connections to the address are reset, so that new ones are dialed while
+// the rest live on (otherwise new replica connections come only with the
+// run's churn; the address's connections belong to six connectors, and
+// class 2's defect showed only in a pooler=none pool's). The connections
+// opened meanwhile stay on replica j after the address leads back.
+func (h *histRun) repointAddr(rng *rand.Rand, i, j int, d time.Duration, why string) (back func()) {
+	h.proxyRepoint.Add(1)
+	h.proxies[i].Repoint(cluster.ReplicaAddrs()[j])
+	cs := h.nw.Conns(h.replicas[i])
+	sort.Slice(cs, func(a, b int) bool { return cs[a].LocalAddr().String() < cs[b].LocalAddr().String() })
+	n := 0
+	for _, c := range cs {
+		if rng.IntN(2) == 0 {
+			c.Reset()
+			n++
+		}
+	}
+	h.event("repoint replica%d's address at replica%d%s for %v, %d of its %d conns reset", i, j, why, d, n, len(cs))
+	return func() {
+		h.proxies[i].Repoint(cluster.ReplicaAddrs()[i])
+		h.event("repointed replica%d's address back", i)
 	}
 }
 
@@ -573,9 +759,39 @@ type histSession struct {
 	// readNext: the previous op wrote; bias the next one to a read.
 	readNext bool
 	spans    int // read-span ops run (histIdleSpans)
+	// cur is the op running (nil between ops), for fired: touched only
+	// on the session's goroutine.
+	cur *histOp
+}
+
+// fired records, on the session's goroutine, that a fault fired in a read
+// or write it made: the op it ran then met a fault of its own.
+func (s *histSession) fired(what string) {
+	if op := s.cur; op != nil {
+		op.met = true
+		op.faults = append(op.faults, what)
+	}
+}
+
+// goid returns the calling goroutine's id, from the first line of its
+// stack ("goroutine 123 [running]:"). Only OnFire and the sessions call
+// it: it tells which session's op a fault fired in, where a time window
+// would blame every op that ran meanwhile (faults fire tens of times a
+// second).
+func goid() uint64 {
+	var buf [64]byte
+	b := bytes.TrimPrefix(buf[:runtime.Stack(buf[:], false)], []byte("goroutine "))
+	if i := bytes.IndexByte(b, ' '); i > 0 {
+		b = b[:i]
+	}
+	n, _ := strconv.ParseUint(string(b), 10, 64)
+	return n
 }
 
 func (s *histSession) run() {
+	id := goid()
+	s.h.bySession.Store(id, s)
+	defer s.h.bySession.Delete(id)
 	for s.h.more() {
 		if s.conn == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -626,7 +842,9 @@ func (s *histSession) findPrimaryConn() {
 }
 
 // opCtx returns the op's context: usually just a safety timeout, sometimes a
-// short deadline or a cancellation part-way.
+// short deadline or a cancellation part-way; for an autocommit read
+// (shortKinds), sometimes a deadline below wait_timeout but far above what
+// a primary read takes (op.short).
 func (s *histSession) opCtx(op *histOp) (context.Context, context.CancelFunc) {
 	x := s.rng.IntN(100)
 	d := time.Duration(1+s.rng.IntN(30)) * time.Millisecond
@@ -642,8 +860,20 @@ func (s *histSession) opCtx(op *histOp) (context.Context, context.CancelFunc) {
 		tm := time.AfterFunc(d, c2)
 		return ctx, func() { tm.Stop(); c2(); cancel() }
 	}
+	if shortKinds[op.kind] && s.rng.IntN(100) < histShortPct {
+		span := int64(histShortMax-histShortMin) / int64(time.Millisecond)
+		op.short = histShortMin + time.Duration(s.rng.Int64N(span+1))*time.Millisecond
+		op.faults = append(op.faults, fmt.Sprintf("deadline %v < wait_timeout", op.short))
+		ctx, c2 := context.WithTimeout(base, op.short)
+		return ctx, func() { c2(); cancel() }
+	}
 	return base, cancel
 }
+
+// shortKinds are the ops that may run with a deadline below wait_timeout:
+// one autocommit read each, on the session's connection (a *sql.Conn or a
+// *pgryw.PoolConn) or on its pool (a *sql.DB or a *pgryw.Pool).
+var shortKinds = map[string]bool{"read-all": true, "read-one": true, "pool-read": true}
 
 // maybeFault arms, with a small probability, a fault on the session's
 // primary connection or on a replica connection.
@@ -662,6 +892,7 @@ func (s *histSession) maybeFault(op *histOp) {
 					n++
 				}
 			}
+			op.armed = true
 			op.faults = append(op.faults, fmt.Sprintf("%d pooled primary conns %s", n, faultString(f)))
 		}
 		return
@@ -670,6 +901,7 @@ func (s *histSession) maybeFault(op *histOp) {
 	case x < 25:
 		if c := s.wconn; c != nil {
 			c.Arm(f)
+			op.armed = true
 			op.faults = append(op.faults, "primary "+faultString(f))
 		}
 	case x < 40:
@@ -681,6 +913,7 @@ func (s *histSession) maybeFault(op *histOp) {
 			sort.Slice(cs, func(a, b int) bool { return cs[a].LocalAddr().String() < cs[b].LocalAddr().String() })
 			c := cs[pick%len(cs)]
 			c.Arm(f)
+			op.armed = true
 			op.faults = append(op.faults, s.h.ports[int(c.Port())]+" "+faultString(f))
 		}
 	}
@@ -745,10 +978,11 @@ func (s *histSession) pickKind() string {
 func (s *histSession) step() {
 	h := s.h
 	op := &histOp{slot: s.slot, sess: s.id, pool: s.pool.idx}
-	ctx, cancel := s.opCtx(op)
 	op.kind = s.pickKind()
+	ctx, cancel := s.opCtx(op)
 	s.maybeFault(op)
 	op.start = h.now()
+	s.cur = op
 	watchdog := time.AfterFunc(histHangDump, func() { h.dumpHang(op) })
 	switch op.kind {
 	case "read-all":
@@ -781,6 +1015,7 @@ func (s *histSession) step() {
 		s.writeSingle(ctx, op)
 	}
 	op.end = h.now()
+	s.cur = nil
 	watchdog.Stop()
 	ctxDone := ctx.Err() != nil
 	timedOut := ctxDone && time.Duration(op.end-op.start)*time.Microsecond >= histOpTimeout
@@ -819,6 +1054,7 @@ func (s *histSession) readAll(ctx context.Context, op *histOp, q histQ, ts int64
 	ctx = pgryw.WithServedBy(ctx, func(_ context.Context, sb pgryw.ServedBy) { served = sb })
 	rows, err := q.query(ctx, s.h.sql.readAll)
 	if err != nil {
+		op.failServed = served
 		s.readFailed(ctx, op, err, !inRW && op.kind != "read-tx")
 		return false
 	}
@@ -873,6 +1109,7 @@ func (s *histSession) readOne(ctx context.Context, op *histOp, q histQ, k int, t
 	ctx = pgryw.WithServedBy(ctx, func(_ context.Context, sb pgryw.ServedBy) { served = sb })
 	err := q.queryRow(ctx, s.h.sql.readOne, k).Scan(&v, &port)
 	if err != nil {
+		op.failServed = served
 		s.readFailed(ctx, op, err, !inRW)
 		return false
 	}
@@ -944,11 +1181,21 @@ func (s *histSession) readBatch(ctx context.Context, op *histOp) {
 // (or a read-only BEGIN) that the caller did not cause by cancelling is a
 // violation of "failures fall back, not through", except the errors a
 // replica may legitimately return (recovery conflict, statement cancelled).
+//
+// An autocommit read under a deadline below wait_timeout (op.short) that
+// ended by that deadline, with context deadline exceeded or
+// driver.ErrBadConn (database/sql's word for a *sql.Conn whose statement
+// was cut short), is kept in op.shortErr: on_timeout=primary promises the
+// primary's answer, which pgx gives in a millisecond or two.
 func (s *histSession) readFailed(ctx context.Context, op *histOp, err error, autocommit bool) {
 	if op.err == nil {
 		op.err = err
 	}
 	op.out = outIndet
+	if autocommit && op.short > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) &&
+		(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, driver.ErrBadConn)) {
+		op.shortErr = err
+	}
 	if !autocommit || ctx.Err() != nil {
 		return
 	}
@@ -1397,6 +1644,11 @@ func (h *histRun) describe(op *histOp) string {
 			rw = " in rw tx"
 		}
 		if sb := r.served; sb.Role == pgryw.RoleReplica {
+			// The address the read went to, when it led to another
+			// standby (repointed, or a connection opened while it was).
+			if via := h.node(addrPort(sb.Addr)); strings.TrimSuffix(via, "-addr") != h.node(r.port) {
+				rw += " via " + via
+			}
 			rw += fmt.Sprintf(" wm=%X/%X checked=%v wait=%v", sb.Watermark>>32, uint32(sb.Watermark), sb.Checked, sb.Wait)
 		} else if sb.Role == pgryw.RolePrimary {
 			rw += fmt.Sprintf(" route=%v fallback=%v", sb.Route, sb.Fallback)
@@ -1409,6 +1661,12 @@ func (h *histRun) describe(op *histOp) string {
 	}
 	if len(op.faults) > 0 {
 		fmt.Fprintf(&b, " faults[%s]", strings.Join(op.faults, ", "))
+	}
+	if len(op.dialed) > 0 {
+		fmt.Fprintf(&b, " dialed[%s]", strings.Join(op.dialed, ", "))
+	}
+	if sb := op.failServed; sb.Role != 0 {
+		fmt.Fprintf(&b, " failed after pgryw reported %s route=%v fallback=%v wait=%v", h.node(int(sb.Port)), sb.Route, sb.Fallback, sb.Wait)
 	}
 	return b.String()
 }
@@ -1443,6 +1701,20 @@ func (h *histRun) eventsBetween(from, to int64) string {
 	}
 	if len(out) > 30 {
 		out = append(out[:30], fmt.Sprintf("    ... %d more", len(out)-30))
+	}
+	return strings.Join(out, "\n")
+}
+
+// actionsBetween lists the fault log between from and to (µs), less the
+// faults that fired on connections: what was done to the cluster.
+func (h *histRun) actionsBetween(from, to int64) string {
+	h.evMu.Lock()
+	defer h.evMu.Unlock()
+	var out []string
+	for _, e := range h.events {
+		if e.at >= from && e.at <= to && !strings.HasPrefix(e.what, "fired ") {
+			out = append(out, fmt.Sprintf("    %s %s", h.rel(e.at), e.what))
+		}
 	}
 	return strings.Join(out, "\n")
 }
@@ -1532,6 +1804,28 @@ func (h *histRun) check(all []*histOp, tr *histTruth) {
 		}
 		if op.readErr != nil {
 			v.add("read failed instead of falling back", "%s%s", h.describe(op), h.before(all, op, 4))
+		}
+		if op.shortErr != nil {
+			// Not judged: a fault armed for the op or fired in it
+			// (stalls reach 400 ms, wherever the read runs), a replica
+			// stopped or restarting meanwhile, or a connection to the
+			// primary set up within the deadline (pgx on a cold pool
+			// pays that as well, and no reserve can be kept for it: on
+			// a loaded machine, with every connector connecting at the
+			// start of a run, a pool read failed so 146 ms in, seed
+			// 7964058176119875, before the checker recorded dials).
+			if op.armed || op.met || op.dialedPrimary || !h.quiet(op.start, op.end) {
+				h.notes["read with a deadline below wait_timeout failed: a fault fired in it, a replica was down or it connected to the primary (not judged)"]++
+			} else {
+				msg := h.describe(op) + h.before(all, op, 4)
+				// No fault fired in the op (faults lists what did): the
+				// cluster's state is what explains it, replay paused above
+				// all.
+				if ev := h.actionsBetween(op.start-3_000_000, op.end); ev != "" {
+					msg += "\n  fault actions:\n" + ev
+				}
+				v.add("read failed by a deadline below wait_timeout", "%s", msg)
+			}
 		}
 		if op.ddlErr != nil {
 			if other := concurrentDDL(all, op); other != nil {
@@ -1787,6 +2081,56 @@ func (h *histRun) summary(all []*histOp, elapsed time.Duration) {
 	h.t.Logf("history: ops by kind: %s", strings.Join(ks, " "))
 	if n := h.repoints.Load(); n > 0 {
 		h.t.Logf("history: %d bouncer repoints", n)
+	}
+	if n := h.proxyRepoint.Load(); n > 0 {
+		h.t.Logf("history: %d replica addresses repointed at the other standby", n)
+		h.evMu.Lock()
+		for _, e := range h.events {
+			if strings.HasPrefix(e.what, "repoint replica") {
+				h.t.Logf("history:   %s %s", h.rel(e.at), e.what)
+			}
+		}
+		h.evMu.Unlock()
+	}
+	// The reads under a deadline below wait_timeout: how many, how many
+	// the primary answered because the replicas were behind (the fallback
+	// the deadline must leave time for), how many failed.
+	// For those the fallback answered, what it took of the time the wait
+	// left it (the op's time less the wait, over the deadline less the
+	// wait): how near the deadline a fallback came, the checker's margin
+	// against a loaded machine.
+	var short, shortFell, shortFailed, shortByDeadline int
+	var most float64
+	var mostAt string
+	for _, op := range all {
+		if op.short == 0 {
+			continue
+		}
+		short++
+		if op.err != nil {
+			shortFailed++
+		}
+		if op.shortErr != nil {
+			shortByDeadline++
+		}
+		for _, r := range op.reads {
+			if r.served.Role == pgryw.RolePrimary && r.served.Route == pgryw.RouteFallback {
+				shortFell++
+				took := time.Duration(op.end-op.start) * time.Microsecond
+				if left := op.short - r.served.Wait; left > 0 {
+					if f := float64(took-r.served.Wait) / float64(left); f > most {
+						most = f
+						mostAt = fmt.Sprintf("%v of %v (deadline %v, wait %v)", (took - r.served.Wait).Round(100*time.Microsecond),
+							left.Round(100*time.Microsecond), op.short, r.served.Wait.Round(100*time.Microsecond))
+					}
+				}
+				break
+			}
+		}
+	}
+	if short > 0 {
+		h.t.Logf("history: %d reads with a deadline below wait_timeout: %d answered by the primary's fallback (the most of the time left it took: %s); %d failed, %d by the deadline",
+			short, shortFell, mostAt, shortFailed, shortByDeadline)
 	}
 	for _, p := range h.pools {
 		h.t.Logf("history: pool session_scope=%s stats %+v", p.scope, p.c.Stats())
