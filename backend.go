@@ -132,6 +132,10 @@ func (b *backend) touch() (wasIdle bool) {
 	return wasIdle
 }
 
+// quiet reports that b has carried nothing for idleLook or longer (as
+// touch would, without stamping it).
+func (b *backend) quiet() bool { return monoNow()-b.usedAt >= int64(idleLook) }
+
 // endedIdle reports that the server ended b's session because it sat idle
 // (idle_session_timeout), and unrun that nothing pgx sent since its
 // last answers ran (wire.Conn.EndedIdle).

@@ -358,8 +358,13 @@ func (cn *Conn) statement(ctx context.Context, cls sqlclass.Result, o stmtOp) (d
 	// A read of pgx's on the primary reads its first row first too, as
 	// database/sql's does: a description pgx cached before a schema change
 	// fails it before any row reached the caller, and it is sent again
-	// (runPrimary's staleRead).
-	o.ahead = o.kind == opPgxQuery && p.read
+	// (runPrimary's staleRead). So does a write of pgx's Query on a
+	// primary connection that sat quiet (backend.quiet): the server may
+	// have ended it for idleness as the write went out, and its FATAL as
+	// the first answer means the write never ran and goes again
+	// (runPrimary's endedUnrun). pgx's Query returns once the first answer
+	// is in anyway: the server sends the write's rows in the same flush.
+	o.ahead = o.kind == opPgxQuery && (p.read || cn.primary.quiet())
 	return cn.runPrimary(ctx, cls, &p, cn.startOp(o))
 }
 

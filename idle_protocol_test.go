@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -66,5 +67,45 @@ func TestProtocolIdleEndedWriteSentAgain(t *testing.T) {
 	w.mu.Unlock()
 	if inserts != 3 {
 		t.Fatalf("%d INSERTs run, want 3: a write that may have run was sent again", inserts)
+	}
+}
+
+// The same through pgx's front end, for a write sent with Query (an
+// INSERT … RETURNING, as sqlc's :one does) on a held PoolConn whose primary
+// connection sat idle: pgx's Query returns before the write's answer, so
+// after such a pause pgryw reads the first answer before returning (as it
+// does for reads), sees the FATAL 57P05 that came first, and sends the
+// write again on a new connection.
+func TestProtocolIdleEndedPgxQueryWriteSentAgain(t *testing.T) {
+	pc := newProtoCluster(t, "15.4", "")
+	w := pc.w
+	ctx := context.Background()
+	p := protoPool(t, pc, "")
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	if _, err := c.Exec(ctx, protoInsert, 1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond) // idle: longer than pgryw's look-ahead threshold
+	w.mu.Lock()
+	w.idleBefore = true
+	w.mu.Unlock()
+	rows, err := c.Query(ctx, protoInsert, 2)
+	if err == nil {
+		for rows.Next() {
+		}
+		err = rows.Err()
+	}
+	if err != nil {
+		t.Fatalf("a write sent with Query as the server's idle timer fired: %v", err)
+	}
+	w.mu.Lock()
+	inserts, ended := w.inserts, w.idleEnded
+	w.mu.Unlock()
+	if inserts != 2 || ended != 1 {
+		t.Fatalf("%d INSERTs run, %d sessions ended; want 2 and 1", inserts, ended)
 	}
 }

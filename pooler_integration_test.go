@@ -316,7 +316,7 @@ func repointRound(t *testing.T, bs *bouncers, table, extra string, n int) (stale
 	r2 := cluster.Replicas[1]
 	bs.replicas[0].Repoint(replicaTarget(0))
 	db, c := openDSN(t, bs.writerDSN("default_query_exec_mode=exec&"+extra)+"&replicas="+bs.replicas[0].Addr())
-	if strings.Contains(extra, "pooler=none") {
+	if strings.Contains(extra, "read_your_writes=off") {
 		// The control: what the reads before the repoint learned of the
 		// address is all that is known of it, as it is for the moments
 		// between two of the monitor's polls (which, polling through the
@@ -388,9 +388,11 @@ func repointRound(t *testing.T, bs *bouncers, table, extra string, n int) (stale
 // whose replay is paused; the rows written and read before are read again
 // on connections opened after it. pgryw's knowledge of what the node
 // replayed belonged to the old server: every read is checked again, finds
-// the new one behind, and reads the primary. With pooler=none (what is
-// known belongs to the address) the reads skip their check and miss their
-// rows: the test would see the defect.
+// the new one behind, and reads the primary, with pooler=none too (the
+// instance is read at connect there as well; before, what was known
+// belonged to the address, and every read missed its row). The control,
+// read_your_writes=off, misses its rows: the repoint leads to a standby
+// behind, so a read that skipped its check would show.
 func TestIntegrationPoolerRepoint(t *testing.T) {
 	pgtest.Require(t, cluster)
 	ctx := context.Background()
@@ -413,8 +415,11 @@ func TestIntegrationPoolerRepoint(t *testing.T) {
 				t.Errorf("%d stale reads after the repoint", stale)
 			}
 			if mode == "session" {
-				if stale := repointRound(t, bs, table, "pooler=none", 5); stale == 0 {
-					t.Error("with pooler=none no read after the repoint was stale: the test would not see the defect")
+				if stale := repointRound(t, bs, table, "pooler=none", 5); stale != 0 {
+					t.Errorf("pooler=none: %d stale reads after the repoint", stale)
+				}
+				if stale := repointRound(t, bs, table, "read_your_writes=off", 5); stale == 0 {
+					t.Error("with read_your_writes=off no read after the repoint was stale: the test would not see a read that skips its check")
 				}
 			}
 		})
