@@ -278,6 +278,33 @@ func TestIntegrationIdleSessionTimeoutPoolConn(t *testing.T) {
 		defer pc.Release()
 		readsOnly(t, poolConnIdle{pc}, newTable(t), true)
 	})
+	t.Run("Conn().Prepare", func(t *testing.T) {
+		// A pgx program that prepares by name on the primary's own pgx
+		// connection after its reads ran on replicas: Conn() replaces a
+		// connection the server ended, as pgxpool's never idled.
+		pc, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Release()
+		table := newTable(t)
+		if _, err := pc.Exec(ctx, "INSERT INTO "+table+" VALUES (1, 1)"); err != nil {
+			t.Fatal(err)
+		}
+		for start := time.Now(); time.Since(start) < idleSpan; {
+			var n int
+			if err := pc.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != 1 {
+				t.Fatalf("read: %d, %v", n, err)
+			}
+			time.Sleep(idleStep)
+		}
+		if _, err := pc.Conn().Prepare(ctx, "ryw_idle_ins", "INSERT INTO "+table+" VALUES ($1, 1)"); err != nil {
+			t.Fatalf("Conn().Prepare after %v of reads alone: %v", idleSpan, err)
+		}
+		if _, err := pc.Exec(ctx, "ryw_idle_ins", 2); err != nil {
+			t.Fatalf("executing it by name: %v", err)
+		}
+	})
 	t.Run("writes", func(t *testing.T) {
 		pc, err := pool.Acquire(ctx)
 		if err != nil {

@@ -218,8 +218,18 @@ func (c *PoolConn) Ping(ctx context.Context) error {
 
 // Conn returns the primary's pgx connection. Statements sent through it
 // directly are not routed and do not move the watermark: use RunOnPrimary
-// for writes.
-func (c *PoolConn) Conn() *pgx.Conn { return c.cn().primary.pgx() }
+// for writes. A primary connection that the server ended while the
+// PoolConn's reads ran on replicas (its idle_session_timeout) is replaced
+// first, as before any statement pgryw sends (docs/guarantees.md, Idle
+// sessions); if it cannot be, the connection returned is the ended one,
+// whose first use fails as pgx's would.
+func (c *PoolConn) Conn() *pgx.Conn {
+	cn := c.cn()
+	if cn.tx == nil {
+		_ = cn.checkPrimary(context.Background()) // (on failure the ended connection is returned: see above)
+	}
+	return cn.primary.pgx()
+}
 
 // RunOnPrimary runs f with the primary's pgx connection, and then counts
 // whatever f did as a write (see Conn.RunOnPrimary).
