@@ -1317,8 +1317,9 @@ func tpGenerate(rng *rand.Rand, native bool) ([]tpStep, string) {
 	g := &tpGen{rng: rng, native: native}
 	// One database/sql program in ten runs under a server idle timeout,
 	// with sessions reading alone for longer than it (one span: each
-	// costs the run tpIdleSpan).
-	g.idle = !native && rng.IntN(10) == 0
+	// costs the run tpIdleSpan). Not through bouncers: PgBouncer refuses
+	// idle_session_timeout as a startup parameter.
+	g.idle = !native && rng.IntN(10) == 0 && cluster.Bouncers() == nil
 	for len(g.prog) < tpSteps {
 		g.step()
 	}
