@@ -374,13 +374,8 @@ func TestHistory(t *testing.T) {
 		// faultLoop can make the address pgryw knows as replica i lead to
 		// replica j for new connections while the ones it had live on.
 		h.addrs = nil
-		for _, a := range cluster.ReplicaAddrs() {
-			p, err := pgtest.StartSwitchProxy(a)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { p.Close() })
-			h.proxies = append(h.proxies, p)
+		h.proxies = replicaProxies(t)
+		for _, p := range h.proxies {
 			h.addrs = append(h.addrs, p.Addr())
 		}
 	}

@@ -71,3 +71,20 @@ func TestIntegrationAddressLeadsToAnotherStandby(t *testing.T) {
 		})
 	}
 }
+
+// replicaProxies starts a pgtest.SwitchProxy in front of each replica
+// address, closed with the test: the checkers repoint one at the other
+// standby for new connections while the ones made through it live on.
+func replicaProxies(t *testing.T) []*pgtest.SwitchProxy {
+	t.Helper()
+	var ps []*pgtest.SwitchProxy
+	for _, a := range cluster.ReplicaAddrs() {
+		p, err := pgtest.StartSwitchProxy(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		ps = append(ps, p)
+	}
+	return ps
+}

@@ -448,14 +448,7 @@ func tpCheck(t *testing.T, native bool, progsEnv string, def int) {
 	r.setup()
 	setDelay(t, 30*time.Millisecond)
 	if cluster.Bouncers() == nil {
-		for _, a := range cluster.ReplicaAddrs() {
-			p, err := pgtest.StartSwitchProxy(a)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { p.Close() })
-			r.proxies = append(r.proxies, p)
-		}
+		r.proxies = replicaProxies(t)
 	}
 
 	progs := def
