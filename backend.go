@@ -127,14 +127,17 @@ func monoNow() int64 { return int64(time.Since(monoEpoch)) }
 // it meanwhile (look with gone).
 func (b *backend) touch() (wasIdle bool) {
 	now := monoNow()
-	wasIdle = now-b.usedAt >= int64(idleLook)
+	wasIdle = b.quietAt(now)
 	b.usedAt = now
 	return wasIdle
 }
 
 // quiet reports that b has carried nothing for idleLook or longer (as
 // touch would, without stamping it).
-func (b *backend) quiet() bool { return monoNow()-b.usedAt >= int64(idleLook) }
+func (b *backend) quiet() bool { return b.quietAt(monoNow()) }
+
+// quietAt is quiet as of now (monoNow).
+func (b *backend) quietAt(now int64) bool { return now-b.usedAt >= int64(idleLook) }
 
 // endedIdle reports that the server ended b's session because it sat idle
 // (idle_session_timeout), and unrun that nothing pgx sent since its

@@ -176,7 +176,7 @@ func (cn *Conn) captureOwed(ctx context.Context) {
 		return // covered meanwhile (captureNow, a capture of its own)
 	}
 	w := cn.primary
-	if (cn.checkDue || monoNow()-w.usedAt >= int64(idleLook)) && w.gone() {
+	if (cn.checkDue || w.quiet()) && w.gone() {
 		return // ended while idle: checkPrimary replaces it, and the read captures
 	}
 	if cn.pending != nil || w.wire == nil || w.closed() || !w.idle() || w.peer.TxPooled || cn.open.ctx != nil || w.pg.IsBusy() {
